@@ -1,0 +1,70 @@
+# mmrl: one target per stage. Every target creates the virtual environment when it is missing.
+#   make demo            model -> data -> sft -> rl -> eval on the embedded defaults
+#   make test            unit + integration tests
+#   make rl CONFIG=configs/grpo_image.yaml ARGS="rollout.n=8 actor.lr=1e-4"
+
+PYTHON      ?= python3
+VENV        ?= .venv
+# torch goes in first, pinned: a bare `torch` requirement would pull a multi-GB CUDA build on a CPU box.
+# GPU users: make install TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" ...
+TORCH_SPEC       ?= torch==2.13.0
+TORCHVISION_SPEC ?= torchvision==0.28.0
+CONFIG      ?= configs/demo.yaml
+ARGS        ?=
+PYTEST_ARGS ?=
+
+PY    := $(VENV)/bin/python
+PIP   := $(PY) -m pip --disable-pip-version-check -q
+STAMP := $(VENV)/.mmrl-installed
+STAGE := $(PY) -m pipelines
+
+.PHONY: install model data sft rl eval demo test test-unit test-integration bench ui clean help
+
+help:
+	@sed -n '1,5p' Makefile
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install $(TORCH_SPEC)
+	$(PIP) install --no-deps $(TORCHVISION_SPEC)
+	$(PIP) install -c constraints.txt -e ".[test]"
+	$(PY) -m mmrl.patches.torchvision_shim
+	touch $(STAMP)
+
+install: $(STAMP)
+
+model: $(STAMP)
+	$(STAGE).model --config $(CONFIG) $(ARGS)
+
+data: $(STAMP)
+	$(STAGE).data --config $(CONFIG) $(ARGS)
+
+sft: $(STAMP)
+	$(STAGE).sft --config $(CONFIG) $(ARGS)
+
+rl: $(STAMP)
+	$(STAGE).rl --config $(CONFIG) $(ARGS)
+
+eval: $(STAMP)
+	$(STAGE).eval --config $(CONFIG) $(ARGS)
+
+demo: $(STAMP)
+	$(STAGE).demo --config $(CONFIG) $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest tests -q $(PYTEST_ARGS)
+
+test-unit: $(STAMP)
+	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
+
+test-integration: $(STAMP)
+	$(PY) -m pytest tests/integration -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) -m pipelines.bench --config $(CONFIG) $(ARGS)
+
+ui: $(STAMP)
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/outputs/mlflow.db --port 5000
+
+clean:
+	rm -rf outputs

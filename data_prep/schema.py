@@ -1,0 +1,132 @@
+"""Row schema of every prompt parquet file.
+
+Each row has these columns:
+
+    id (str)
+        Unique row id.
+    messages (list of {"role": str, "content": str})
+        Chat messages. The user content holds one ``<image>`` placeholder per
+        image, at the place the image goes, e.g. ``"<image>What colour is the
+        shape?"``.
+    images (list of binary)
+        PNG-encoded image bytes, already resized to the pixel budget, in the
+        order of the placeholders.
+    answer (str)
+        The ground truth.
+    data_source (str)
+        Where the row comes from, e.g. ``"synthetic/colour"``,
+        ``"synthetic/count"`` or a user's own name.
+    extra (str)
+        A JSON object string with the row's other fields (may be ``"{}"``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pyarrow.parquet as pq
+from PIL import Image
+
+IMAGE_PLACEHOLDER = "<image>"
+
+FEATURES = datasets.Features(
+    {
+        "id": datasets.Value("string"),
+        "messages": datasets.List(
+            {"role": datasets.Value("string"), "content": datasets.Value("string")}
+        ),
+        "images": datasets.List(datasets.Value("binary")),
+        "answer": datasets.Value("string"),
+        "data_source": datasets.Value("string"),
+        "extra": datasets.Value("string"),
+    }
+)
+
+COLUMNS: tuple[str, ...] = tuple(FEATURES)
+
+
+def make_row(
+    row_id: str,
+    prompt: str,
+    images: list[bytes],
+    answer: str,
+    data_source: str,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Build a schema row holding a single user message."""
+    return {
+        "id": row_id,
+        "messages": [{"role": "user", "content": prompt}],
+        "images": list(images),
+        "answer": answer,
+        "data_source": data_source,
+        "extra": json.dumps(dict(extra or {}), sort_keys=True, ensure_ascii=False),
+    }
+
+
+def count_placeholders(row: Mapping[str, Any]) -> int:
+    """Number of ``<image>`` placeholders over all messages of a row."""
+    return sum(m["content"].count(IMAGE_PLACEHOLDER) for m in row["messages"])
+
+
+def validate_row(row: Mapping[str, Any]) -> None:
+    """Raise ValueError if a row breaks the schema's invariants."""
+    row_id = row.get("id", "<no id>")
+    missing = [c for c in COLUMNS if c not in row]
+    if missing:
+        raise ValueError(f"row {row_id!r} lacks columns {missing}; every row needs {list(COLUMNS)}")
+    if count_placeholders(row) != len(row["images"]):
+        raise ValueError(
+            f"row {row_id!r} has {count_placeholders(row)} {IMAGE_PLACEHOLDER} placeholders "
+            f"but {len(row['images'])} images; put exactly one placeholder per image"
+        )
+    if not isinstance(json.loads(row["extra"]), dict):
+        raise ValueError(f"row {row_id!r}: extra must be a JSON object string such as '{{}}'")
+
+
+def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> None:
+    """Validate ``rows`` and write them to a parquet file, creating parent dirs."""
+    seen: set[str] = set()
+    for row in rows:
+        validate_row(row)
+        if row["id"] in seen:
+            raise ValueError(f"row id {row['id']!r} occurs twice; ids must be unique")
+        seen.add(row["id"])
+    if rows:
+        dataset = datasets.Dataset.from_list(rows, features=FEATURES)
+    else:  # from_list cannot infer an empty table's columns
+        dataset = datasets.Dataset.from_dict({c: [] for c in COLUMNS}, features=FEATURES)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dataset.to_parquet(str(path))
+
+
+def read_parquet(path: str | Path) -> datasets.Dataset:
+    """Read a prompt parquet file into memory and check it has the schema's columns.
+
+    Reads through pyarrow rather than ``Dataset.from_parquet`` so no copy is
+    left in the datasets cache (a stale cache could hide a rewritten file).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"parquet file {path} does not exist; write it first (e.g. with write_parquet)")
+    table = pq.read_table(path)
+    missing = [c for c in COLUMNS if c not in table.column_names]
+    if missing:
+        raise ValueError(f"{path} lacks columns {missing}; regenerate it with data_prep.schema.write_parquet")
+    dataset = datasets.Dataset(table.select(list(COLUMNS)))
+    return dataset if dataset.features == FEATURES else dataset.cast(FEATURES)
+
+
+def decode_images(row: Mapping[str, Any]) -> list[Image.Image]:
+    """Decode a row's PNG bytes into RGB PIL images."""
+    images = []
+    for data in row["images"]:
+        with Image.open(io.BytesIO(data)) as img:
+            images.append(img.convert("RGB"))
+    return images

@@ -1,0 +1,56 @@
+"""The Worker base: one rank of a WorkerGroup, with its rank environment and process group."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+
+def resolve_device(kind: str = "auto", local_rank: int = 0) -> torch.device:
+    """``auto`` takes this worker's GPU when CUDA is visible, else the CPU."""
+    if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("resources.device=cuda but no CUDA device is visible; use resources.device=auto")
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+class Worker:
+    """Base of every SPMD worker. Subclasses register methods with ``@register(Dispatch.X)``."""
+
+    def __init__(self, rank: int, world_size: int, threads: int = 0, device: str = "auto") -> None:
+        self.rank, self.world_size = rank, world_size
+        if threads > 0:
+            torch.set_num_threads(threads)
+        # Ray sets CUDA_VISIBLE_DEVICES to this bundle's GPU, so the local index is 0.
+        self.device = resolve_device(device, 0)
+
+    def node_address(self) -> tuple[str, int]:
+        """This node's IP and a free port, for rank 0 to host the process group's rendezvous."""
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return socket.gethostbyname(socket.gethostname()), port
+
+    def init_process_group(self, master_addr: str, master_port: int) -> None:
+        """Join the group's process group: nccl on GPU, gloo on CPU."""
+        os.environ.update(
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+        )
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank, world_size=self.world_size
+            )
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks, in place; a no-op for one rank."""
+        if self.world_size > 1:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor

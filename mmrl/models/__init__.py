@@ -1,0 +1,1 @@
+"""Model loading, the tiny-model factory and the one multimodal encoding path."""

@@ -1,0 +1,49 @@
+"""Load any Hugging Face VLM + processor by path through the Auto classes (tiny or real)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def check_checkpoint(path: str | Path, what: str = "model") -> Path:
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{what} checkpoint {folder} has no config.json; run the stage that writes it "
+            "(make model / make sft / make rl) or point the config at a Hugging Face checkpoint folder"
+        )
+    return folder
+
+
+def load_model(path: str | Path, dtype: str = "float32", attn: str = "sdpa", device: torch.device | str = "cpu") -> Any:
+    folder = check_checkpoint(path)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=DTYPES[dtype], attn_implementation=attn)
+    return model.to(device)
+
+
+def load_processor(path: str | Path) -> Any:
+    processor = AutoProcessor.from_pretrained(check_checkpoint(path))
+    processor.tokenizer.padding_side = "left"
+    return processor
+
+
+def vision_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The vision encoder (with its merger) of a Qwen2/2.5-VL style model."""
+    for owner in (model, getattr(model, "model", None)):
+        if owner is not None and hasattr(owner, "visual"):
+            return owner.visual
+    raise ValueError(f"{type(model).__name__} has no vision encoder at .visual or .model.visual")
+
+
+def save_checkpoint(model: torch.nn.Module, processor: Any, path: str | Path) -> Path:
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder

@@ -1,0 +1,59 @@
+"""Log-probabilities and entropy of response tokens under the policy.
+
+The policy's distribution is ``softmax(logits / temperature)`` with the vision tokens banned: the
+rollout engine samples from exactly that (plus optional top-p/top-k truncation, which the PPO ratio
+ignores, as in verl), and this module scores tokens under exactly that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from mmrl.models.encoding import EncodedPrompt, collate
+
+
+def policy_log_softmax(logits: torch.Tensor, banned_ids: Sequence[int], temperature: float) -> torch.Tensor:
+    """logits (..., V) -> log-probs (..., V) in float32, with ``banned_ids`` at -inf."""
+    scaled = logits.float() / temperature
+    if banned_ids:
+        scaled = scaled.index_fill(-1, torch.as_tensor(banned_ids, device=scaled.device), float("-inf"))
+    return F.log_softmax(scaled, dim=-1)
+
+
+def gather_logprobs_entropy(log_probs: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """log_probs (B, R, V), tokens (B, R) -> (token log-prob (B, R), entropy (B, R))."""
+    token_logp = log_probs.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+    probs = log_probs.exp()
+    # 0 * -inf is nan for banned tokens: their probability is exactly 0, so they add nothing.
+    entropy = -(probs * log_probs.masked_fill(probs == 0, 0.0)).sum(-1)
+    return token_logp, entropy
+
+
+def response_logprobs(
+    model: torch.nn.Module,
+    prompts: Sequence[EncodedPrompt],
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    pad_token_id: int,
+    banned_ids: Sequence[int],
+    temperature: float,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward pass of prompts + responses; log-prob and entropy of each response token.
+
+    responses, response_mask: (B, R). Returns logp (B, R) and entropy (B, R), float32, zero on padding.
+    Gradients flow when called with grad enabled.
+    """
+    inputs = collate(prompts, pad_token_id, responses, response_mask)
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    width = responses.shape[1]
+    # The logits at the last R+1 positions; the first R of them predict the response tokens.
+    logits = model(**inputs, logits_to_keep=width + 1, use_cache=False).logits[:, :-1]
+    log_probs = policy_log_softmax(logits, banned_ids, temperature)
+    logp, entropy = gather_logprobs_entropy(log_probs, responses.to(device))
+    mask = response_mask.to(device)
+    return logp * mask, entropy * mask

@@ -1,0 +1,1 @@
+"""Patches to third-party packages, each in one documented module, tested against the pinned versions."""

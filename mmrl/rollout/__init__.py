@@ -1,0 +1,1 @@
+"""Rollout engines: generate n responses per prompt. ``hf`` (default) and, later, ``vllm``."""

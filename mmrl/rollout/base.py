@@ -1,0 +1,44 @@
+"""The interface every rollout engine implements."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from mmrl.models.encoding import EncodedPrompt
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 16
+    greedy: bool = False
+
+
+@dataclass
+class RolloutOutput:
+    """Responses for B*n samples (the n samples of prompt i at rows i*n .. i*n+n-1).
+
+    responses: (B*n, R) int64, right-padded with the pad id, R = max_new_tokens;
+    response_mask: (B*n, R) float32, 1 up to and including the eos token;
+    log_probs: (B*n, R) float32 under the sampling distribution (temperature, vision tokens banned).
+    """
+
+    responses: torch.Tensor
+    response_mask: torch.Tensor
+    log_probs: torch.Tensor
+    texts: list[str]
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: Sequence[EncodedPrompt], params: SamplingParams) -> RolloutOutput: ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load the trainer's current weights (Hugging Face names, full tensors)."""
+        ...

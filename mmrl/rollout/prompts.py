@@ -1,0 +1,43 @@
+"""Turn a Batch of prompt rows into a Batch of samples with any rollout engine."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from PIL import Image
+
+from mmrl.models.encoding import EncodedPrompt, encode_prompt
+from mmrl.protocol import Batch
+from mmrl.rollout.base import RolloutEngine, SamplingParams
+
+
+def decode_png(data: bytes) -> Image.Image:
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
+def encode_rows(processor: Any, prompts: Batch) -> list[EncodedPrompt]:
+    """One EncodedPrompt per prompt row (``messages`` with ``<image>`` placeholders, ``images`` as PNG bytes)."""
+    prompts.require("messages", "images")
+    return [
+        encode_prompt(processor, messages, [decode_png(b) for b in images])
+        for messages, images in zip(prompts["messages"], prompts["images"])
+    ]
+
+
+def generate_samples(engine: RolloutEngine, processor: Any, prompts: Batch, params: SamplingParams) -> Batch:
+    """prompts (B rows) -> B*n samples, the n samples of prompt i at rows i*n .. i*n+n-1.
+
+    Returns prompt (the EncodedPrompt, one object shared by its n samples), responses (B*n, R),
+    response_mask (B*n, R), rollout_log_probs (B*n, R) and response_text.
+    """
+    encoded = encode_rows(processor, prompts)
+    out = engine.generate(encoded, params)
+    return Batch(
+        tensors={
+            "responses": out.responses,
+            "response_mask": out.response_mask,
+            "rollout_log_probs": out.log_probs,
+        },
+        objects={"prompt": [p for p in encoded for _ in range(params.n)], "response_text": out.texts},
+    )

@@ -1,0 +1,1 @@
+"""Drivers: the RL loop, SFT, evaluation."""

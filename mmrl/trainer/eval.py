@@ -1,0 +1,42 @@
+"""The ``make eval`` stage: greedy accuracy of a checkpoint on a split, per data_source, in-process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mmrl.config import Config
+from mmrl.controller.worker import resolve_device
+from mmrl.models.loading import load_model, load_processor
+from mmrl.protocol import Batch
+from mmrl.rollout.base import SamplingParams
+from mmrl.rollout.hf import HFRolloutEngine
+from mmrl.rollout.prompts import generate_samples
+from mmrl.tracking import Tracker
+from mmrl.trainer.evaluation import EvalResult, evaluate, samples_html, samples_table
+from mmrl.trainer.prompts import load_rows
+
+
+def evaluate_checkpoint(cfg: Config, checkpoint: str, split: str) -> EvalResult:
+    device = resolve_device(cfg.resources.device)
+    processor = load_processor(checkpoint)
+    model = load_model(checkpoint, cfg.model.dtype, cfg.model.attn_implementation, device).eval()
+    engine = HFRolloutEngine(model, processor, device, cfg.eval.batch_size)
+
+    def generate(prompts: Batch, params: SamplingParams) -> Batch:
+        return generate_samples(engine, processor, prompts, params)
+
+    rows = load_rows(cfg.data.dir, split)
+    return evaluate(generate, rows, cfg.eval.batch_size, cfg.eval.max_new_tokens)
+
+
+def run_eval(cfg: Config, checkpoint: str | None = None, run_name: str = "") -> dict[str, Any]:
+    checkpoint = checkpoint or cfg.eval.checkpoint
+    result = evaluate_checkpoint(cfg, checkpoint, cfg.eval.split)
+    tracker = Tracker(cfg, cfg.trainer.experiment, run_name or cfg.eval.run_name or "eval", stage="eval")
+    tracker.log_metrics(result.metrics(cfg.eval.split), step=0)
+    tracker.log_dict(samples_table(result.samples), f"rollouts/{cfg.eval.split}.json")
+    tracker.log_text(samples_html(result.samples, f"{checkpoint} on {cfg.eval.split}"), f"rollouts/{cfg.eval.split}.html")
+    tracker.log_text(checkpoint, "checkpoint_path.txt")
+    tracker.finish()
+    print(f"eval {checkpoint} on {cfg.eval.split}: {result.summary()}")
+    return {"accuracy": result.accuracy, "counts": result.counts, "mlflow_run_id": tracker.run_id}

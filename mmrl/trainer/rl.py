@@ -1,0 +1,175 @@
+"""The RL driver: one controller program over the hybrid actor/rollout/reference worker group.
+
+One step, as in design.md::
+
+    prompts -> generate n responses -> rewards -> old (and ref) log-probs -> advantages -> actor update
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from mmrl.algos.advantages import AdvantageOptions, compute_advantages
+from mmrl.config import Config
+from mmrl.controller import ResourcePool, WorkerGroup
+from mmrl.controller.session import ensure_ray, worker_shape
+from mmrl.controller.worker import resolve_device
+from mmrl.protocol import Batch
+from mmrl.rollout.base import SamplingParams
+from mmrl.tracking import Tracker, console_line
+from mmrl.trainer.evaluation import EvalResult, evaluate, samples_html, samples_table
+from mmrl.trainer.plots import plot_curves
+from mmrl.trainer.prompts import PromptLoader, load_rows
+from mmrl.trainer.scoring import build_reward_manager, place_on_last_token, score_samples
+from mmrl.workers.hybrid import ActorRolloutRefWorker
+
+log = logging.getLogger(__name__)
+
+CONSOLE_KEYS = ["critic/score/mean", "val/acc", "actor/pg_loss", "actor/entropy",
+                "response_length/mean", "timing_s/step"]
+CURVES = {
+    "reward": ["critic/score/mean", "train/acc"],
+    "accuracy": ["val/acc"],
+    "policy": ["actor/entropy", "actor/ppo_kl", "actor/pg_clipfrac"],
+}
+
+
+class RLTrainer:
+    def __init__(self, cfg: Config, checkpoint: str | None = None) -> None:
+        self.cfg = cfg
+        self.checkpoint = checkpoint or cfg.trainer.init
+        self.sampling = SamplingParams(
+            n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+            top_k=cfg.rollout.top_k, max_new_tokens=cfg.rollout.max_new_tokens,
+        )
+        self.adv_opts = AdvantageOptions(norm_adv_by_std=cfg.algorithm.norm_adv_by_std, epsilon=cfg.algorithm.epsilon)
+        self.rewards = build_reward_manager(cfg.reward)
+        self.train_rows = load_rows(cfg.data.dir, "train")
+        self.val_rows = load_rows(cfg.data.dir, "val", limit=cfg.trainer.val_size)
+        self.timing: dict[str, float] = {}
+
+    # ---- set-up -------------------------------------------------------------------------------
+
+    def build_workers(self) -> WorkerGroup:
+        ensure_ray(self.cfg.resources)
+        use_gpu = resolve_device(self.cfg.resources.device).type == "cuda"
+        cpus, threads = worker_shape(self.cfg.resources, use_gpu)
+        pool = ResourcePool(self.cfg.resources.num_workers, cpus, use_gpu, name="actor_rollout_ref")
+        group = WorkerGroup(ActorRolloutRefWorker, pool, threads=threads, device=self.cfg.resources.device)
+        group.init_model(self.cfg, self.checkpoint)
+        return group
+
+    # ---- the loop -----------------------------------------------------------------------------
+
+    def fit(self, tracker: Tracker) -> dict[str, float]:
+        """Run ``trainer.steps`` steps; evaluate every ``eval_every``; save the final checkpoint."""
+        cfg = self.cfg.trainer
+        self.workers = self.build_workers()
+        loader = iter(PromptLoader(self.train_rows, cfg.prompts_per_step, cfg.seed))
+        last_eval: dict[str, float] = {}
+        for step in range(1, cfg.steps + 1):
+            metrics = self.step(next(loader))
+            if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+                last_eval = self.validate(tracker, step)
+                metrics.update(last_eval)
+            tracker.log_metrics(metrics, step)
+            print(console_line(step, cfg.steps, metrics, CONSOLE_KEYS), flush=True)
+        self.log_curves(tracker)
+        path = self.workers.save_checkpoint(str(Path(cfg.out_dir) / "checkpoint"))
+        tracker.log_text(path, "checkpoint_path.txt")
+        return last_eval
+
+    def step(self, prompts: Batch) -> dict[str, float]:
+        """One RL step on a Batch of prompts; returns its metrics."""
+        self.timing = {}
+        with self.timer("step"):
+            with self.timer("gen"):
+                samples = self.workers.generate(prompts, self.sampling)
+                batch = prompts.repeat(self.sampling.n).union(samples)
+            with self.timer("reward"):
+                scores, reward_metrics = score_samples(self.rewards, batch)
+                batch.tensors["token_level_scores"] = place_on_last_token(scores, batch["response_mask"])
+            with self.timer("old_log_prob"):
+                batch = batch.union(self.workers.compute_log_probs(batch))
+            if self.cfg.actor.use_kl_loss:
+                with self.timer("ref"):
+                    batch = batch.union(self.workers.compute_ref_log_probs(batch))
+            with self.timer("adv"):
+                batch.tensors["advantages"] = compute_advantages(
+                    self.cfg.algorithm.adv_estimator, scores, batch["uid"], batch["response_mask"], self.adv_opts
+                )
+            with self.timer("update_actor"):
+                actor_metrics = self.workers.update_actor(batch)[0]
+        return self.step_metrics(batch, scores) | reward_metrics | actor_metrics | self.timing_metrics(batch)
+
+    def step_metrics(self, batch: Batch, scores: torch.Tensor) -> dict[str, float]:
+        lengths = batch["response_mask"].sum(-1)
+        mask = batch["response_mask"]
+        adv = batch["advantages"][:, 0]
+        return {
+            "critic/score/mean": float(scores.mean()),
+            "critic/score/max": float(scores.max()),
+            "critic/score/min": float(scores.min()),
+            "critic/advantages/mean": float(adv.mean()),
+            "critic/advantages/max": float(adv.max()),
+            "critic/advantages/min": float(adv.min()),
+            "response_length/mean": float(lengths.float().mean()),
+            "response_length/max": float(lengths.max()),
+            "response_length/clip_ratio": float((lengths >= mask.shape[1]).float().mean()),
+            "actor/entropy_old": float((batch["entropy"] * mask).sum() / mask.sum()),
+            "rollout/logprob_diff_max": float(((batch["rollout_log_probs"] - batch["old_log_probs"]).abs() * mask).max()),
+        }
+
+    def timing_metrics(self, batch: Batch) -> dict[str, float]:
+        tokens = float(batch["response_mask"].sum()) + sum(len(p) for p in batch["prompt"])
+        metrics = {f"timing_s/{k}": v for k, v in self.timing.items()}
+        metrics["perf/throughput"] = tokens / self.timing["step"] / self.workers.world_size
+        metrics["perf/total_num_tokens"] = tokens
+        return metrics
+
+    @contextmanager
+    def timer(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.timing[name] = time.perf_counter() - start
+
+    # ---- evaluation and artifacts -------------------------------------------------------------
+
+    def validate(self, tracker: Tracker, step: int) -> dict[str, float]:
+        with self.timer("val"):
+            result: EvalResult = evaluate(
+                self.workers.generate, self.val_rows, self.cfg.eval.batch_size, self.cfg.rollout.max_new_tokens
+            )
+        tracker.log_dict(samples_table(result.samples), f"rollouts/step_{step:05d}.json")
+        tracker.log_text(samples_html(result.samples, f"val rollouts at step {step}"), f"rollouts/step_{step:05d}.html")
+        return result.metrics("val") | {"timing_s/val": self.timing["val"]}
+
+    def log_curves(self, tracker: Tracker) -> None:
+        figure = plot_curves(tracker.history, CURVES)
+        tracker.log_figure(figure, "curves.png")
+
+    def shutdown(self) -> None:
+        if hasattr(self, "workers"):
+            self.workers.shutdown()
+
+
+def run_rl(cfg: Config) -> dict[str, float]:
+    """The ``make rl`` stage: train, log to MLflow, save ``<trainer.out_dir>/checkpoint``."""
+    trainer = RLTrainer(cfg)
+    tracker = Tracker(cfg, cfg.trainer.experiment, cfg.trainer.run_name or "rl", stage="rl")
+    try:
+        result = trainer.fit(tracker)
+        result["mlflow_run_id"] = tracker.run_id  # type: ignore[assignment]
+        tracker.finish()
+        return result
+    except BaseException:
+        tracker.finish("FAILED")
+        raise
+    finally:
+        trainer.shutdown()

@@ -1,0 +1,116 @@
+"""Supervised warm start: teach the answer format on a small labelled split (loss on answer tokens only).
+
+Runs in-process (no Ray): it is a short, single-rank job. It builds inputs through the same encoding
+path and log-prob function as RL, with the target ``sft.target_template`` as the "response".
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from mmrl.config import Config
+from mmrl.controller.worker import resolve_device
+from mmrl.models.encoding import EncodedPrompt, vision_token_ids
+from mmrl.models.loading import load_model, load_processor, save_checkpoint, vision_module
+from mmrl.models.logprobs import response_logprobs
+from mmrl.protocol import Batch
+from mmrl.rollout.base import SamplingParams
+from mmrl.rollout.hf import HFRolloutEngine
+from mmrl.rollout.prompts import encode_rows, generate_samples
+from mmrl.tracking import Tracker
+from mmrl.trainer.evaluation import evaluate
+from mmrl.trainer.prompts import load_rows, rows_to_batch
+from mmrl.workers.actor import build_optimizer
+
+ANSWER_TEMPLATE = "<answer>{answer}</answer>"
+
+
+def target_ids(tokenizer: Any, answer: str) -> torch.Tensor:
+    """The answer in the trained format, followed by the end-of-turn token; (T,) int64."""
+    ids = tokenizer(ANSWER_TEMPLATE.format(answer=answer), add_special_tokens=False)["input_ids"]
+    return torch.tensor([*ids, tokenizer.eos_token_id], dtype=torch.long)
+
+
+def pad_targets(targets: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """T_i-long targets -> (B, max T) ids right-padded with ``pad_id`` and a (B, max T) float mask."""
+    width = max(len(t) for t in targets)
+    ids = torch.full((len(targets), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(targets), width))
+    for row, target in enumerate(targets):
+        ids[row, : len(target)] = target
+        mask[row, : len(target)] = 1.0
+    return ids, mask
+
+
+class SFTTrainer:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.device = resolve_device(cfg.resources.device)
+        init = cfg.sft.init or cfg.model.path
+        self.processor = load_processor(init)
+        torch.manual_seed(cfg.sft.seed)
+        self.model = load_model(init, cfg.model.dtype, cfg.model.attn_implementation, self.device)
+        if cfg.model.freeze_vision:
+            vision_module(self.model).requires_grad_(False)
+        self.tokenizer = self.processor.tokenizer
+        self.banned = vision_token_ids(self.tokenizer)
+        rows = load_rows(cfg.data.dir, cfg.sft.split)
+        self.prompts: list[EncodedPrompt] = encode_rows(self.processor, rows_to_batch(rows))
+        self.targets = [target_ids(self.tokenizer, r["answer"]) for r in rows]
+
+    def loss(self, indices: list[int]) -> torch.Tensor:
+        """Mean negative log-likelihood of the target tokens of the chosen examples."""
+        ids, mask = pad_targets([self.targets[i] for i in indices], self.tokenizer.pad_token_id)
+        logp, _ = response_logprobs(
+            self.model, [self.prompts[i] for i in indices], ids, mask,
+            pad_token_id=self.tokenizer.pad_token_id, banned_ids=self.banned, temperature=1.0, device=self.device,
+        )
+        return -(logp.sum() / mask.to(self.device).sum())
+
+    def train(self, tracker: Tracker) -> None:
+        cfg = self.cfg.sft
+        optimizer, scheduler = build_optimizer(self.model, cfg.lr, cfg.weight_decay, cfg.warmup_steps)
+        rng = random.Random(cfg.seed)
+        order: list[int] = []
+        self.model.train()
+        bar = tqdm(range(1, cfg.steps + 1), desc="sft", dynamic_ncols=True)
+        for step in bar:
+            if len(order) < cfg.batch_size:
+                order += rng.sample(range(len(self.targets)), len(self.targets))
+            indices, order = order[: cfg.batch_size], order[cfg.batch_size :]
+            loss = self.loss(indices)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            tracker.log_metrics({"sft/loss": float(loss), "sft/grad_norm": float(grad_norm),
+                                 "sft/lr": scheduler.get_last_lr()[0]}, step)
+            bar.set_postfix(loss=f"{float(loss):.3f}")
+
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        engine = HFRolloutEngine(self.model, self.processor, self.device)
+        return generate_samples(engine, self.processor, prompts, params)
+
+
+def run_sft(cfg: Config) -> dict[str, Any]:
+    """The ``make sft`` stage: train, report val accuracy, save ``<sft.out_dir>/checkpoint``."""
+    trainer = SFTTrainer(cfg)
+    tracker = Tracker(cfg, cfg.trainer.experiment, "sft", stage="sft")
+    try:
+        trainer.train(tracker)
+        val = evaluate(trainer.generate, load_rows(cfg.data.dir, "val", cfg.trainer.val_size),
+                       cfg.eval.batch_size, cfg.eval.max_new_tokens)
+        tracker.log_metrics(val.metrics("val"), cfg.sft.steps)
+        path = save_checkpoint(trainer.model, trainer.processor, Path(cfg.sft.out_dir) / "checkpoint")
+        tracker.finish()
+    except BaseException:
+        tracker.finish("FAILED")
+        raise
+    print(f"sft: {val.summary()} -> {path}")
+    return {"checkpoint": str(path), "val_acc": val.accuracy["all"], "mlflow_run_id": tracker.run_id}

@@ -1,0 +1,1 @@
+"""Runnable stages, one module each; the Makefile calls ``python -m pipelines.<stage>``."""

@@ -1,0 +1,40 @@
+"""Stage ``make model``: build the tiny Qwen2.5-VL (random init, BPE tokenizer trained on the task corpus).
+
+Writes a Hugging Face checkpoint folder at ``model.path`` (config, weights, tokenizer, processors).
+A real checkpoint needs no such stage: point ``model.path`` at it.
+
+    python -m pipelines.model --config configs/demo.yaml tiny_model.hidden_size=256
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from data_prep.synthetic import TASKS, corpus_texts, generate_rows
+from mmrl.config import Config
+from mmrl.models.loading import load_model
+from mmrl.models.tiny import build_tiny_vlm, count_parameters
+from mmrl.trainer.sft import ANSWER_TEMPLATE
+from pipelines.cli import parse
+
+
+def task_corpus(cfg: Config, rows_per_task: int = 200) -> Iterator[str]:
+    """Questions and answers of every synthetic task, answers also in the trained answer format."""
+    for task in TASKS:
+        rows = generate_rows(task, rows_per_task, seed=cfg.data.seed, image_size=56, max_count=cfg.data.max_count)
+        for text in corpus_texts(rows):
+            yield text
+        for row in rows:
+            yield ANSWER_TEMPLATE.format(answer=row["answer"])
+    yield from ["user", "assistant", "system"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse(__doc__, argv)
+    path = build_tiny_vlm(task_corpus(cfg), cfg.tiny_model, cfg.model.path)
+    model = load_model(path)
+    print(f"model: tiny Qwen2.5-VL with {count_parameters(model) / 1e6:.2f} M parameters -> {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""Turning a reward spec from a config into a reward function.
+
+A spec is one of:
+
+* a registered name, e.g. ``"answer_match"`` (see :func:`available`);
+* ``"path/to/file.py:function"``, a function in a Python file;
+* ``{"weighted": {"answer_match": 0.9, "format": 0.1}}``, a weighted sum.
+
+Installed packages add names through the ``mmrl.rewards`` entry-point group,
+e.g. in their pyproject.toml::
+
+    [project.entry-points."mmrl.rewards"]
+    my_reward = "my_package.rewards:score"
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Mapping
+from importlib import metadata
+from pathlib import Path
+from types import ModuleType
+from typing import TypeVar
+
+from rewards.types import RewardFn, describe_fn
+from rewards.verifiers import answer_match, format_reward, weighted
+
+ENTRY_POINT_GROUP = "mmrl.rewards"
+_SPEC_FORMS = "a registered name, 'path/to/file.py:function' or {'weighted': {name: weight, ...}}"
+
+F = TypeVar("F", bound=Callable)
+
+_REGISTRY: dict[str, RewardFn] = {}
+
+
+def register(name: str) -> Callable[[F], F]:
+    """Decorator registering a reward function under ``name``."""
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"reward name {name!r} is invalid; use a non-empty string without ':'")
+
+    def decorator(fn: F) -> F:
+        if not callable(fn):
+            raise TypeError(f"register({name!r}) was applied to {fn!r}, which is not callable")
+        existing = _REGISTRY.get(name)
+        if existing is not None and existing is not fn:
+            raise ValueError(
+                f"reward name {name!r} is already registered to {describe_fn(existing)}; "
+                "register yours under a different name"
+            )
+        _REGISTRY[name] = fn
+        return fn
+
+    return decorator
+
+
+register("answer_match")(answer_match)
+register("format")(format_reward)
+
+
+def available() -> list[str]:
+    """All names :func:`resolve` accepts: registered ones and installed plugins."""
+    return sorted(set(_REGISTRY) | set(_plugin_entry_points()))
+
+
+def resolve(spec: str | Mapping[str, Mapping[str, float]] | RewardFn) -> RewardFn:
+    """The reward function a spec names (a callable is returned as is)."""
+    if isinstance(spec, Mapping):
+        return _resolve_mapping(spec)
+    if isinstance(spec, str):
+        if spec.endswith(".py") or (":" in spec and spec.rsplit(":", 1)[0].endswith(".py")):
+            return load_from_file(spec)
+        return _resolve_name(spec)
+    if callable(spec):
+        return spec
+    raise TypeError(f"reward spec must be {_SPEC_FORMS}; got a {type(spec).__name__}: {spec!r}")
+
+
+def _resolve_mapping(spec: Mapping) -> RewardFn:
+    if set(spec) != {"weighted"}:
+        raise ValueError(
+            f"a dict reward spec must have the single key 'weighted', got keys {sorted(map(str, spec))}; "
+            "write {'weighted': {'answer_match': 0.9, 'format': 0.1}}"
+        )
+    return weighted(spec["weighted"])
+
+
+def _resolve_name(name: str) -> RewardFn:
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    entry_point = _plugin_entry_points().get(name)
+    if entry_point is None:
+        raise ValueError(f"unknown reward {name!r}; valid names: {available()}; or give {_SPEC_FORMS}")
+    return register(name)(_load_entry_point(entry_point))
+
+
+def _plugin_entry_points() -> dict[str, metadata.EntryPoint]:
+    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _load_entry_point(entry_point: metadata.EntryPoint) -> RewardFn:
+    try:
+        fn = entry_point.load()
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(
+            f"reward plugin {entry_point.name!r} (entry point {entry_point.value!r} in group "
+            f"{ENTRY_POINT_GROUP!r}) failed to load: {exc}; fix or uninstall the package that provides it"
+        ) from exc
+    if not callable(fn):
+        raise ValueError(
+            f"reward plugin {entry_point.name!r} points at {entry_point.value!r}, which is not callable; "
+            "point the entry point at a function"
+        )
+    return fn
+
+
+def load_from_file(spec: str) -> RewardFn:
+    """Load ``function`` from ``"path/to/file.py:function"``.
+
+    A relative path is taken from the current working directory.
+    """
+    path_text, sep, function = spec.rpartition(":")
+    if not sep or not path_text:
+        raise ValueError(f"reward spec {spec!r} names a file but no function; write '{spec}:function_name'")
+    if not function.isidentifier():
+        raise ValueError(f"reward spec {spec!r}: {function!r} is not a valid function name")
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise ValueError(
+            f"reward file {path_text!r} not found (looked at {path.absolute()}); give an absolute path "
+            f"or one relative to the working directory {os.getcwd()}"
+        )
+    module = _import_file(path)
+    if not hasattr(module, function):
+        defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise ValueError(
+            f"reward file {path_text!r} has no function {function!r}; define it there or use one of {defined}"
+        )
+    fn = getattr(module, function)
+    if not callable(fn):
+        raise ValueError(
+            f"{function!r} in reward file {path_text!r} is a {type(fn).__name__}, not a function; "
+            "point the spec at a function"
+        )
+    return fn
+
+
+def _import_file(path: Path) -> ModuleType:
+    resolved = path.resolve()
+    # A unique module name per file, so two users' "reward.py" files do not clash.
+    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:12]
+    module_name = f"mmrl_user_reward_{resolved.stem}_{digest}"
+    spec = importlib.util.spec_from_file_location(module_name, resolved)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"reward file {str(path)!r} cannot be loaded as a Python module; give a .py file")
+    module = importlib.util.module_from_spec(spec)
+    # Registered before running so that dataclasses and pickling inside the file can find the module.
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module

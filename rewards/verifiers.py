@@ -1,0 +1,127 @@
+"""Built-in reward functions for answers written as ``<answer>...</answer>``."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from collections.abc import Mapping
+
+from rewards.types import RewardFn, RewardInput, call_reward_fn
+
+# Tags are matched case-insensitively and tolerate spaces, e.g. "< /Answer >".
+_OPEN = r"<\s*answer\s*>"
+_CLOSE = r"<\s*/\s*answer\s*>"
+# A pair whose content holds no further opening tag: in "<answer><answer>x</answer>" it is the inner one.
+_PAIR = re.compile(rf"{_OPEN}((?:(?!{_OPEN}).)*?){_CLOSE}", re.IGNORECASE | re.DOTALL)
+_ONLY_PAIR = re.compile(rf"{_OPEN}(.*?){_CLOSE}", re.IGNORECASE | re.DOTALL)
+_ANY_TAG = re.compile(rf"{_OPEN}|{_CLOSE}", re.IGNORECASE)
+# Chat-template special tokens such as <|im_end|> or <|endoftext|>.
+_SPECIAL_TOKEN = re.compile(r"<\|[^<>|]*\|>")
+_TRAILING_JUNK = re.compile(r"(?:\s|<\|[^<>|]*\|>)+\Z")
+
+_QUOTES = "\"'`“”‘’"
+_TRAILING_PUNCTUATION = ".!,"
+
+
+def extract_answer(text: str) -> str | None:
+    """The model's answer in ``text``, or None if it gave none.
+
+    The answer is the stripped content of the last ``<answer>...</answer>``
+    pair. Text with no answer tag at all is a bare answer and is returned
+    stripped. Text with a tag but no complete pair (an unclosed ``<answer>``
+    or a stray ``</answer>``), empty text and an empty pair give None.
+    Special tokens like ``<|im_end|>`` are ignored.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"extract_answer expects the response as a str, got {type(text).__name__}")
+    cleaned = _SPECIAL_TOKEN.sub(" ", text)
+    pairs = _PAIR.findall(cleaned)
+    if pairs:
+        answer = pairs[-1].strip()
+    elif _ANY_TAG.search(cleaned):
+        return None
+    else:
+        answer = cleaned.strip()
+    return answer or None
+
+
+def normalize(text: str) -> str:
+    """Lower-case, collapse whitespace, drop trailing ".!," and surrounding quotes."""
+    if not isinstance(text, str):
+        raise TypeError(f"normalize expects a str, got {type(text).__name__}")
+    out = " ".join(text.lower().split())
+    previous = None
+    # Repeat because quotes and punctuation can nest either way: '"red".' and '"red."'.
+    while out != previous:
+        previous = out
+        out = out.rstrip(_TRAILING_PUNCTUATION).strip(_QUOTES).strip()
+    return out
+
+
+def answer_match(response: str, ground_truth: str) -> float:
+    """1.0 if the extracted answer equals the ground truth after normalising, else 0.0."""
+    answer = extract_answer(response)
+    if answer is None:
+        return 0.0
+    return 1.0 if normalize(answer) == normalize(ground_truth) else 0.0
+
+
+def format_reward(response: str) -> float:
+    """1.0 if the response is exactly one non-empty ``<answer>...</answer>``, else 0.0.
+
+    Trailing special tokens and whitespace (``<|im_end|>``, newlines) and
+    leading whitespace are allowed; any other text outside the pair is not.
+    """
+    if not isinstance(response, str):
+        raise TypeError(f"format_reward expects the response as a str, got {type(response).__name__}")
+    body = _TRAILING_JUNK.sub("", response).lstrip()
+    match = _ONLY_PAIR.fullmatch(body)
+    if match is None:
+        return 0.0
+    content = match.group(1)
+    if _ANY_TAG.search(content) or not content.strip():
+        return 0.0
+    return 1.0
+
+
+def weighted(components: Mapping[str, float]) -> RewardFn:
+    """A reward function summing named reward functions times their weights.
+
+    ``components`` maps a reward spec (a registered name or
+    ``"path/to/file.py:function"``) to its weight. The result is
+    ``{"score": sum(weight * component score), "<name>": component score, ...}``.
+    """
+    parts = _resolve_components(components)
+
+    def combined(**kwargs: object) -> dict[str, float]:
+        inp = RewardInput(**kwargs)  # type: ignore[arg-type]
+        result = {"score": 0.0}
+        for name, weight, fn in parts:
+            value = call_reward_fn(fn, inp)["score"]
+            result[name] = value
+            result["score"] += weight * value
+        return result
+
+    label = ", ".join(f"{name}={weight:g}" for name, weight, _ in parts)
+    combined.__name__ = combined.__qualname__ = f"weighted({label})"
+    return combined
+
+
+def _resolve_components(components: Mapping[str, float]) -> list[tuple[str, float, RewardFn]]:
+    # Imported here because the registry imports this module to register the built-ins.
+    from rewards.registry import resolve
+
+    if not isinstance(components, Mapping) or not components:
+        raise ValueError(
+            f"weighted() needs a non-empty dict of reward name -> weight, got {components!r}; "
+            'e.g. {"answer_match": 0.9, "format": 0.1}'
+        )
+    parts = []
+    for name, weight in components.items():
+        if name == "score":
+            raise ValueError('weighted(): "score" is reserved for the total; use a registered reward name')
+        if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
+            raise TypeError(f"weighted(): the weight of {name!r} must be a finite number, got {weight!r}")
+        parts.append((name, float(weight), resolve(name)))
+    return parts
