@@ -81,7 +81,7 @@ class ActorRolloutRefWorker(Worker):
             save_checkpoint(self.model, self.processor, Path(path))
         return str(path)
 
-    @register(Dispatch.RANK_ZERO)
+    @register(Dispatch.ONE_TO_ALL)
     def state_dict_digest(self) -> dict[str, float]:
-        """Sum of each parameter (a cheap fingerprint, used by tests to compare ranks and runs)."""
+        """Sum of each parameter, per rank (a cheap fingerprint to compare ranks and runs)."""
         return {name: float(p.detach().double().sum()) for name, p in self.model.named_parameters()}
