@@ -18,7 +18,7 @@ PIP   := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.mmrl-installed
 STAGE := $(PY) -m pipelines
 
-.PHONY: install model data sft rl eval demo test test-unit test-integration bench ui clean help
+.PHONY: install model data sft rl eval demo test test-unit test-integration ui clean help
 
 help:
 	@sed -n '1,5p' Makefile
@@ -59,9 +59,6 @@ test-unit: $(STAMP)
 
 test-integration: $(STAMP)
 	$(PY) -m pytest tests/integration -q $(PYTEST_ARGS)
-
-bench: $(STAMP)
-	$(PY) -m pipelines.bench --config $(CONFIG) $(ARGS)
 
 ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/outputs/mlflow.db --port 5000

@@ -84,11 +84,9 @@ def _param_value(value: Any) -> str:
     return text[:500]
 
 
-def console_line(step: int, total: int, metrics: dict[str, float], keys: list[str]) -> str:
-    """``step 12/100 | score 0.62 | acc ... | 1.3s`` from the chosen metric keys."""
+def console_line(step: int, total: int, metrics: dict[str, float], labels: dict[str, str]) -> str:
+    """``step 12/100 | score 0.62 | val_acc 0.7 | ...``: the metrics named in ``labels`` (key -> label)."""
     parts = [f"step {step}/{total}"]
-    for key in keys:
-        if key in metrics:
-            parts.append(f"{key.split('/', 1)[-1]} {metrics[key]:.4g}")
+    parts += [f"{label} {metrics[key]:.4g}" for key, label in labels.items() if key in metrics]
     return " | ".join(parts)
 

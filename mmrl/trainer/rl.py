@@ -28,11 +28,12 @@ from mmrl.trainer.plots import plot_curves
 from mmrl.trainer.prompts import PromptLoader, load_rows
 from mmrl.trainer.scoring import build_reward_manager, place_on_last_token, score_samples
 from mmrl.workers.hybrid import ActorRolloutRefWorker
+from rewards import answer_match
 
 log = logging.getLogger(__name__)
 
-CONSOLE_KEYS = ["critic/score/mean", "val/acc", "actor/pg_loss", "actor/entropy",
-                "response_length/mean", "timing_s/step"]
+CONSOLE = {"critic/score/mean": "score", "train/acc": "acc", "val/acc": "val_acc", "actor/pg_loss": "pg_loss",
+           "actor/entropy": "entropy", "response_length/mean": "resp_len", "timing_s/step": "step_s"}
 CURVES = {
     "reward": ["critic/score/mean", "train/acc"],
     "accuracy": ["val/acc"],
@@ -79,7 +80,7 @@ class RLTrainer:
                 last_eval = self.validate(tracker, step)
                 metrics.update(last_eval)
             tracker.log_metrics(metrics, step)
-            print(console_line(step, cfg.steps, metrics, CONSOLE_KEYS), flush=True)
+            print(console_line(step, cfg.steps, metrics, CONSOLE), flush=True)
         self.log_curves(tracker)
         path = self.workers.save_checkpoint(str(Path(cfg.out_dir) / "checkpoint"))
         tracker.log_text(path, "checkpoint_path.txt")
@@ -112,7 +113,9 @@ class RLTrainer:
         lengths = batch["response_mask"].sum(-1)
         mask = batch["response_mask"]
         adv = batch["advantages"][:, 0]
+        correct = [answer_match(t, a) for t, a in zip(batch["response_text"], batch["answer"])]
         return {
+            "train/acc": sum(correct) / len(correct),
             "critic/score/mean": float(scores.mean()),
             "critic/score/max": float(scores.max()),
             "critic/score/min": float(scores.min()),
