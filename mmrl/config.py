@@ -47,8 +47,6 @@ class DataConfig:
     """Synthetic task mix: task name -> fraction (colour, count, shape)."""
     sizes: dict[str, int] = field(default_factory=lambda: {"sft": 48, "train": 2048, "val": 128, "test": 400})
     """Rows per split for the synthetic generator."""
-    seed: int = 0
-    """Seed of the synthetic generator; each split derives its own."""
     image_size: int = 112
     """Side of the synthetic square images, in pixels."""
     max_count: int = 3
@@ -79,7 +77,6 @@ class SFTConfig:
     weight_decay: float = 0.0
     warmup_steps: int = 5
     grad_clip: float = 1.0
-    seed: int = 0
 
 
 @dataclass(kw_only=True)
@@ -152,7 +149,6 @@ class TrainerConfig:
     """Evaluate on the val split every this many steps (0: only at the end)."""
     val_size: int = 128
     """Val prompts per evaluation."""
-    seed: int = 0
     experiment: str = "mmrl"
     """MLflow experiment name."""
     run_name: str = ""
@@ -191,6 +187,8 @@ class TrackingConfig:
 
 @dataclass(kw_only=True)
 class Config:
+    seed: int = 0
+    """The one seed: synthetic data (each split derives its own), model init, SFT and RL sampling."""
     model: ModelConfig = field(default_factory=ModelConfig)
     tiny_model: TinyVLMSpec = field(default_factory=TinyVLMSpec)
     data: DataConfig = field(default_factory=DataConfig)

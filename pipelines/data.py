@@ -4,7 +4,7 @@ By default it generates the synthetic visual tasks of ``data.tasks`` with ``data
 split. With ``data.jsonl`` set it converts a user's own JSONL + image folder instead, applying the pixel
 budget and quarantining bad rows (``<data.dir>/<split>.quarantine.jsonl``).
 
-    python -m pipelines.data --config configs/demo.yaml data.seed=1
+    python -m pipelines.data --config configs/demo.yaml seed=1
     python -m pipelines.data data.jsonl=my.jsonl data.image_dir=imgs/ data.split=train
 """
 
@@ -23,7 +23,7 @@ from pipelines.cli import parse
 
 
 def synthetic(cfg: Config) -> None:
-    splits = build_splits(cfg.data.tasks, cfg.data.sizes, cfg.data.seed, cfg.data.image_size, cfg.data.max_count)
+    splits = build_splits(cfg.data.tasks, cfg.data.sizes, cfg.seed, cfg.data.image_size, cfg.data.max_count)
     for split, rows in tqdm(splits.items(), desc="data: writing splits"):
         path = Path(cfg.data.dir) / f"{split}.parquet"
         write_parquet(rows, path)

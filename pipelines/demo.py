@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"demo: stage {name} took {stage_s[name]} s", flush=True)
         return out
 
-    path = timed("model", build_tiny_vlm, model.task_corpus(cfg), cfg.tiny_model, cfg.model.path)
+    path = timed("model", build_tiny_vlm, model.task_corpus(cfg), cfg.tiny_model, cfg.model.path, cfg.seed)
     print(f"demo: tiny model with {count_parameters(load_model(path)) / 1e6:.2f} M parameters")
     timed("data", data.synthetic, cfg)
     sft = timed("sft", run_sft, cfg)
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
         "sft_acc_by_source": sft_eval["accuracy"],
         "rl_acc_by_source": rl_eval["accuracy"],
         "stage_seconds": stage_s,
-        "seed": cfg.data.seed,
+        "seed": cfg.seed,
     }
     SUMMARY.parent.mkdir(parents=True, exist_ok=True)
     SUMMARY.write_text(json.dumps(summary, indent=2))

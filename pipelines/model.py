@@ -21,7 +21,7 @@ from pipelines.cli import parse
 def task_corpus(cfg: Config, rows_per_task: int = 200) -> Iterator[str]:
     """Questions and answers of every synthetic task, answers also in the trained answer format."""
     for task in TASKS:
-        rows = generate_rows(task, rows_per_task, seed=cfg.data.seed, image_size=56, max_count=cfg.data.max_count)
+        rows = generate_rows(task, rows_per_task, seed=cfg.seed, image_size=56, max_count=cfg.data.max_count)
         for text in corpus_texts(rows):
             yield text
         for row in rows:
@@ -31,7 +31,7 @@ def task_corpus(cfg: Config, rows_per_task: int = 200) -> Iterator[str]:
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse(__doc__, argv)
-    path = build_tiny_vlm(task_corpus(cfg), cfg.tiny_model, cfg.model.path)
+    path = build_tiny_vlm(task_corpus(cfg), cfg.tiny_model, cfg.model.path, cfg.seed)
     model = load_model(path)
     print(f"model: tiny Qwen2.5-VL with {count_parameters(model) / 1e6:.2f} M parameters -> {path}")
 

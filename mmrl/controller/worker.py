@@ -30,10 +30,12 @@ class Worker:
 
     def node_address(self) -> tuple[str, int]:
         """This node's IP and a free port, for rank 0 to host the process group's rendezvous."""
+        import ray
+
         with socket.socket() as sock:
             sock.bind(("", 0))
             port = sock.getsockname()[1]
-        return socket.gethostbyname(socket.gethostname()), port
+        return ray.util.get_node_ip_address(), port
 
     def init_process_group(self, master_addr: str, master_port: int) -> None:
         """Join the group's process group: nccl on GPU, gloo on CPU."""

@@ -61,7 +61,6 @@ class TinyVLMSpec:
     merge_size: int = 2
     min_pixels: int = 28 * 28
     max_pixels: int = 112 * 112
-    seed: int = 0
 
     @property
     def mrope_section(self) -> list[int]:
@@ -144,12 +143,12 @@ def build_model_config(tokenizer: PreTrainedTokenizerFast, spec: TinyVLMSpec) ->
     )
 
 
-def build_tiny_vlm(texts: Iterable[str], spec: TinyVLMSpec, out_dir: str | Path) -> Path:
+def build_tiny_vlm(texts: Iterable[str], spec: TinyVLMSpec, out_dir: str | Path, seed: int = 0) -> Path:
     """Train the tokenizer on ``texts``, initialise the model at random, save both to ``out_dir``."""
     out = Path(out_dir)
     tokenizer = train_tokenizer(texts, spec.vocab_size)
     processor = build_processor(tokenizer, spec)
-    torch.manual_seed(spec.seed)
+    torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(build_model_config(tokenizer, spec))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id

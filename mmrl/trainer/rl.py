@@ -72,7 +72,7 @@ class RLTrainer:
         """Run ``trainer.steps`` steps; evaluate every ``eval_every``; save the final checkpoint."""
         cfg = self.cfg.trainer
         self.workers = self.build_workers()
-        loader = iter(PromptLoader(self.train_rows, cfg.prompts_per_step, cfg.seed))
+        loader = iter(PromptLoader(self.train_rows, cfg.prompts_per_step, self.cfg.seed))
         last_eval: dict[str, float] = {}
         for step in range(1, cfg.steps + 1):
             metrics = self.step(next(loader))

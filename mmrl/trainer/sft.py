@@ -53,7 +53,7 @@ class SFTTrainer:
         self.device = resolve_device(cfg.resources.device)
         init = cfg.sft.init or cfg.model.path
         self.processor = load_processor(init)
-        torch.manual_seed(cfg.sft.seed)
+        torch.manual_seed(cfg.seed)
         self.model = load_model(init, cfg.model.dtype, cfg.model.attn_implementation, self.device)
         if cfg.model.freeze_vision:
             vision_module(self.model).requires_grad_(False)
@@ -75,7 +75,7 @@ class SFTTrainer:
     def train(self, tracker: Tracker) -> None:
         cfg = self.cfg.sft
         optimizer, scheduler = build_optimizer(self.model, cfg.lr, cfg.weight_decay, cfg.warmup_steps)
-        rng = random.Random(cfg.seed)
+        rng = random.Random(self.cfg.seed)
         order: list[int] = []
         self.model.train()
         bar = tqdm(range(1, cfg.steps + 1), desc="sft", dynamic_ncols=True)
@@ -89,7 +89,7 @@ class SFTTrainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             optimizer.step()
             scheduler.step()
-            tracker.log_metrics({"sft/loss": float(loss), "sft/grad_norm": float(grad_norm),
+            tracker.log_metrics({"sft/loss": loss.item(), "sft/grad_norm": float(grad_norm),
                                  "sft/lr": scheduler.get_last_lr()[0]}, step)
             bar.set_postfix(loss=f"{float(loss):.3f}")
 

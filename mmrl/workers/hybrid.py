@@ -27,7 +27,7 @@ class ActorRolloutRefWorker(Worker):
     def init_model(self, cfg: Config, checkpoint: str) -> int:
         """Load the policy (and the reference when a KL term needs it) from ``checkpoint``."""
         self.cfg = cfg
-        torch.manual_seed(cfg.trainer.seed + self.rank)
+        torch.manual_seed(cfg.seed + self.rank)
         self.processor = load_processor(checkpoint)
         self.model = load_model(checkpoint, cfg.model.dtype, cfg.model.attn_implementation, self.device)
         if cfg.model.freeze_vision:
