@@ -76,12 +76,14 @@ class RLTrainer:
         last_eval: dict[str, float] = {}
         for step in range(1, cfg.steps + 1):
             metrics = self.step(next(loader))
-            if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+            evaluate_now = (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps
+            if evaluate_now:
                 last_eval = self.validate(tracker, step)
                 metrics.update(last_eval)
             tracker.log_metrics(metrics, step)
+            if evaluate_now:
+                self.log_curves(tracker)  # refreshed at every evaluation, so a live run shows its curves
             print(console_line(step, cfg.steps, metrics, CONSOLE), flush=True)
-        self.log_curves(tracker)
         path = self.workers.save_checkpoint(str(Path(cfg.out_dir) / "checkpoint"))
         tracker.log_text(path, "checkpoint_path.txt")
         return last_eval
