@@ -123,10 +123,12 @@ def read_parquet(path: str | Path) -> datasets.Dataset:
     return dataset if dataset.features == FEATURES else dataset.cast(FEATURES)
 
 
+def decode_image(data: bytes) -> Image.Image:
+    """Decode one image's bytes (PNG as written by data prep) into an RGB PIL image."""
+    with Image.open(io.BytesIO(data)) as img:
+        return img.convert("RGB")
+
+
 def decode_images(row: Mapping[str, Any]) -> list[Image.Image]:
     """Decode a row's PNG bytes into RGB PIL images."""
-    images = []
-    for data in row["images"]:
-        with Image.open(io.BytesIO(data)) as img:
-            images.append(img.convert("RGB"))
-    return images
+    return [decode_image(data) for data in row["images"]]

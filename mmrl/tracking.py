@@ -66,9 +66,6 @@ class Tracker:
     def log_dict(self, data: Any, artifact_file: str) -> None:
         mlflow.log_dict(data, artifact_file)
 
-    def log_file(self, path: str | Path, artifact_path: str | None = None) -> None:
-        mlflow.log_artifact(str(path), artifact_path)
-
     def log_text(self, text: str, artifact_file: str) -> None:
         mlflow.log_text(text, artifact_file)
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-IMAGE_PLACEHOLDER = "<image>"
+from data_prep.schema import IMAGE_PLACEHOLDER  # the one definition of the placeholder, shared with data prep
 VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
 
 

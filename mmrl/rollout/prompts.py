@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
-from PIL import Image
-
+from data_prep.schema import decode_image
 from mmrl.models.encoding import EncodedPrompt, encode_prompt
 from mmrl.protocol import Batch
 from mmrl.rollout.base import RolloutEngine, SamplingParams
-
-
-def decode_png(data: bytes) -> Image.Image:
-    return Image.open(io.BytesIO(data)).convert("RGB")
 
 
 def encode_rows(processor: Any, prompts: Batch) -> list[EncodedPrompt]:
     """One EncodedPrompt per prompt row (``messages`` with ``<image>`` placeholders, ``images`` as PNG bytes)."""
     prompts.require("messages", "images")
     return [
-        encode_prompt(processor, messages, [decode_png(b) for b in images])
+        encode_prompt(processor, messages, [decode_image(b) for b in images])
         for messages, images in zip(prompts["messages"], prompts["images"])
     ]
 

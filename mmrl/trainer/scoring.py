@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from data_prep.schema import decode_image
 from mmrl.config import RewardConfig
 from mmrl.protocol import Batch
-from mmrl.rollout.prompts import decode_png
 from rewards import RewardInput, RewardManager, resolve
 
 
@@ -24,7 +24,7 @@ def reward_inputs(batch: Batch) -> list[RewardInput]:
         batch["response_text"], batch["answer"], batch["data_source"], batch["images"], batch["extra"]
     ):
         if id(images) not in decoded:
-            decoded[id(images)] = [decode_png(b) for b in images]
+            decoded[id(images)] = [decode_image(b) for b in images]
         inputs.append(
             RewardInput(response=text, ground_truth=answer, data_source=source, images=decoded[id(images)], extra=extra)
         )
