@@ -35,7 +35,25 @@ class ModelConfig:
     """Parameter dtype for training and rollout."""
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     """Attention kernel passed to transformers."""
-    freeze_vision: bool = False
+
+
+Strategy = Literal["replicate", "fsdp", "hsdp"]
+
+
+@dataclass(kw_only=True)
+class PartConfig:
+    """How one part of a model (the vision encoder or the LLM) is laid out over a worker group."""
+
+    strategy: Strategy = "replicate"
+    """replicate: full copy per rank, gradients all-reduced; fsdp: FSDP2 over all ranks; hsdp: FSDP2 within
+    groups of ``shard_size`` ranks, replicated across the groups."""
+    shard_size: int = 0
+    """hsdp only: ranks per shard group (must divide resources.num_workers)."""
+
+
+@dataclass(kw_only=True)
+class VisionPartConfig(PartConfig):
+    freeze: bool = False
     """Keep the vision encoder's weights fixed (no gradients, no optimizer state)."""
 
 
@@ -116,6 +134,32 @@ class ActorConfig:
     """Add a KL(policy || reference) penalty to the loss (needs the reference policy)."""
     kl_loss_coef: float = 0.001
     kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "k3"
+    vision: VisionPartConfig = field(default_factory=VisionPartConfig)
+    """Layout of the vision encoder of the actor (and of the reference, which follows the actor)."""
+    llm: PartConfig = field(default_factory=PartConfig)
+    """Layout of the language model (embeddings, decoder layers, head) of the actor and reference."""
+
+
+@dataclass(kw_only=True)
+class CriticConfig:
+    """The value model of PPO: the policy's VLM backbone with a scalar head per token."""
+
+    init: str = ""
+    """Checkpoint the backbone starts from; empty = trainer.init (the SFT policy)."""
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    grad_clip: float = 1.0
+    ppo_epochs: int = 1
+    num_mini_batches: int = 2
+    micro_batch_size: int = 64
+    cliprange_value: float = 0.5
+    """Clip range of the value update around the rollout-time values (PPO's clipped value loss)."""
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    vision: VisionPartConfig = field(default_factory=VisionPartConfig)
+    llm: PartConfig = field(default_factory=PartConfig)
+    placement: Literal["colocate", "separate"] = "colocate"
+    """colocate: the critic's ranks share the actor's resource pool (bundles); separate: its own pool."""
 
 
 @dataclass(kw_only=True)
@@ -125,6 +169,10 @@ class AlgorithmConfig:
     norm_adv_by_std: bool = True
     """GRPO: divide by the group's standard deviation (False gives Dr. GRPO)."""
     epsilon: float = 1e-6
+    gamma: float = 1.0
+    """GAE discount (adv_estimator=gae)."""
+    lam: float = 1.0
+    """GAE lambda (adv_estimator=gae)."""
 
 
 @dataclass(kw_only=True)
@@ -195,12 +243,18 @@ class Config:
     sft: SFTConfig = field(default_factory=SFTConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    @property
+    def uses_critic(self) -> bool:
+        """PPO with GAE needs a value model; the outcome estimators (GRPO, RLOO) do not."""
+        return self.algorithm.adv_estimator == "gae"
 
     def validate(self) -> None:
         """Cross-field checks, each naming the keys involved."""
@@ -209,11 +263,13 @@ class Config:
                          "resources.num_workers", "sft.batch_size", "eval.batch_size"])
         from mmrl.algos.advantages import ESTIMATORS
 
-        if self.algorithm.adv_estimator not in ESTIMATORS:
+        allowed = sorted([*ESTIMATORS, "gae"])
+        if self.algorithm.adv_estimator not in allowed:
             raise ConfigError(
-                f"algorithm.adv_estimator={self.algorithm.adv_estimator!r} is unknown; "
-                f"allowed: {', '.join(sorted(ESTIMATORS))}"
+                f"algorithm.adv_estimator={self.algorithm.adv_estimator!r} is unknown; allowed: {', '.join(allowed)}"
             )
+        for name in ("actor.vision", "actor.llm", "critic.vision", "critic.llm"):
+            _check_part(self, name)
         if self.algorithm.adv_estimator in ("grpo", "rloo") and self.rollout.n < 2:
             raise ConfigError(f"rollout.n={self.rollout.n}: {self.algorithm.adv_estimator} compares the "
                               "responses of one prompt, so it needs rollout.n >= 2")
@@ -230,6 +286,17 @@ class Config:
             )
         if self.rollout.engine == "vllm":
             raise ConfigError("rollout.engine=vllm is not implemented yet; use rollout.engine=hf")
+
+
+def _check_part(cfg: Config, name: str) -> None:
+    section, part = name.split(".")
+    spec: PartConfig = getattr(getattr(cfg, section), part)
+    workers = cfg.resources.num_workers
+    if spec.strategy == "hsdp" and (spec.shard_size < 1 or workers % spec.shard_size):
+        raise ConfigError(
+            f"{name}.strategy=hsdp needs {name}.shard_size dividing resources.num_workers={workers}, "
+            f"got {spec.shard_size}"
+        )
 
 
 def _positive(cfg: Config, keys: list[str]) -> None:

@@ -41,7 +41,11 @@ KNOWN_KEYS: dict[str, str] = {
     # driver
     "token_level_scores": "tensor (B, R) float32: the reward, placed on the last response token",
     "advantages": "tensor (B, R) float32",
-    "returns": "tensor (B, R) float32",
+    "values": "tensor (B, R) float32: the critic's V(s_t) before each response token, at rollout time",
+    "returns": "tensor (B, R) float32: GAE targets of the value loss (advantages + values)",
+    # dispatch
+    "is_pad": "tensor (B,) bool: True on rows DP_COMPUTE dispatch added so every rank gets as many rows; "
+    "their response_mask and advantages are zero; leave them out of per-sequence counts",
 }
 
 
@@ -180,3 +184,19 @@ def balanced_sizes(total: int, num_chunks: int) -> list[int]:
         raise ValueError(f"num_chunks must be positive, got {num_chunks}")
     base, extra = divmod(total, num_chunks)
     return [base + (1 if i < extra else 0) for i in range(num_chunks)]
+
+
+def sample_tokens(batch: Batch) -> list[int]:
+    """Per-sample token count, the weight by which DP_COMPUTE balances ranks.
+
+    ``len(prompt)`` (prompt tokens, image tokens included) plus ``response_mask.sum(-1)`` when the batch
+    has responses; 1 per sample when it has no ``prompt`` field (e.g. prompt rows before encoding).
+    Returns B ints.
+    """
+    if "prompt" not in batch.objects:
+        return [1] * len(batch)
+    weights = [len(p) for p in batch.objects["prompt"]]
+    if "response_mask" in batch.tensors:
+        responses = batch.tensors["response_mask"].sum(-1).round().long().tolist()
+        weights = [w + r for w, r in zip(weights, responses)]
+    return weights

@@ -23,9 +23,12 @@ def ensure_ray(cfg: ResourcesConfig) -> None:
                  log_to_driver=True, configure_logging=False)
 
 
-def worker_shape(cfg: ResourcesConfig, use_gpu: bool) -> tuple[float, int]:
-    """(CPUs per worker, torch threads per worker) for ``resources.num_workers`` workers."""
+def worker_shape(cfg: ResourcesConfig, use_gpu: bool, pools: int = 1) -> tuple[float, int]:
+    """(CPUs per bundle, torch threads per worker) for ``pools`` pools of ``resources.num_workers`` bundles.
+
+    On CPU the available CPUs are split evenly over all bundles; colocated groups then share a bundle.
+    """
     cpus = float(ray.available_resources().get("CPU", os.cpu_count() or 1))
-    per_worker = max(cpus / cfg.num_workers, 0.5) if not use_gpu else 1.0
-    threads = cfg.threads_per_worker or max(1, int(per_worker))
+    per_worker = max(cpus / (cfg.num_workers * pools), 0.25) if not use_gpu else 1.0
+    threads = cfg.threads_per_worker or max(1, int(cpus // cfg.num_workers))
     return per_worker, threads

@@ -19,14 +19,17 @@ class WorkerGroup:
     and collects the results (see :mod:`mmrl.controller.dispatch`).
     """
 
-    def __init__(self, worker_cls: type, pool: ResourcePool, threads: int = 0, device: str = "auto") -> None:
+    def __init__(
+        self, worker_cls: type, pool: ResourcePool, threads: int = 0, device: str = "auto", share: float = 1.0
+    ) -> None:
+        """``share``: the fraction of each bundle a rank takes; colocated groups on one pool take 0.5 each."""
         self.pool = pool
         self.world_size = pool.world_size
         remote_cls = ray.remote(worker_cls)
         self.workers = [
             remote_cls.options(
-                num_cpus=pool.cpus_per_worker,
-                num_gpus=1 if pool.use_gpu else 0,
+                num_cpus=pool.cpus_per_worker * share,
+                num_gpus=share if pool.use_gpu else 0,
                 scheduling_strategy=pool.scheduling(rank),
                 name=None,
             ).remote(rank, self.world_size, threads, device)
@@ -43,11 +46,13 @@ class WorkerGroup:
                 setattr(self, name, functools.partial(self._call, name, mode))
 
     def _call(self, method: str, mode: Dispatch, *args: Any, **kwargs: Any) -> Any:
-        per_rank = split_args(mode, self.world_size, args, kwargs)
+        per_rank, plan = split_args(mode, self.world_size, args, kwargs)
         refs = [getattr(w, method).remote(*a, **kw) for w, (a, kw) in zip(self.workers, per_rank)]
-        return collect(mode, ray.get(refs))
+        return collect(mode, ray.get(refs), plan)
 
     def shutdown(self) -> None:
+        """Kill the ranks and release the pool (a pool shared with another group goes when both are done)."""
         for worker in self.workers:
             ray.kill(worker)
+        self.workers = []
         self.pool.release()

@@ -33,7 +33,7 @@ def gather_logprobs_entropy(log_probs: torch.Tensor, tokens: torch.Tensor) -> tu
 
 
 def response_logprobs(
-    model: torch.nn.Module,
+    policy: torch.nn.Module,
     prompts: Sequence[EncodedPrompt],
     responses: torch.Tensor,
     response_mask: torch.Tensor,
@@ -45,6 +45,7 @@ def response_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward pass of prompts + responses; log-prob and entropy of each response token.
 
+    policy: a :class:`~mmrl.models.forward.PolicyForward` (possibly FSDP-sharded).
     responses, response_mask: (B, R). Returns logp (B, R) and entropy (B, R), float32, zero on padding.
     Gradients flow when called with grad enabled.
     """
@@ -52,7 +53,7 @@ def response_logprobs(
     inputs = {k: v.to(device) for k, v in inputs.items()}
     width = responses.shape[1]
     # The logits at the last R+1 positions; the first R of them predict the response tokens.
-    logits = model(**inputs, logits_to_keep=width + 1, use_cache=False).logits[:, :-1]
+    logits = policy(inputs, width + 1)[:, :-1]
     log_probs = policy_log_softmax(logits, banned_ids, temperature)
     logp, entropy = gather_logprobs_entropy(log_probs, responses.to(device))
     mask = response_mask.to(device)

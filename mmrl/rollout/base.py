@@ -39,6 +39,10 @@ class RolloutOutput:
 class RolloutEngine(Protocol):
     def generate(self, prompts: Sequence[EncodedPrompt], params: SamplingParams) -> RolloutOutput: ...
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load the trainer's current weights (Hugging Face names, full tensors)."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load the trainer's current weights (Hugging Face names, full tensors, streamed one at a time)."""
+        ...
+
+    def release(self) -> None:
+        """Free the weights (and caches) the engine holds, after a rollout."""
         ...

@@ -1,7 +1,14 @@
-"""Rollout with transformers ``generate``: batched, left-padded, on the policy module itself.
+"""Rollout with transformers ``generate``: batched, left-padded, on a full (unsharded) copy of the policy.
 
-Colocated with the actor in the hybrid worker, the engine shares the actor's module, so the weights it
-samples with are the trained weights by construction and ``update_weights`` has nothing to copy.
+Two ways to hold the weights, chosen by the hybrid worker:
+
+- shared (``owns_weights=False``): the engine runs on the actor's own module (every part replicated), so
+  the weights it samples with are the trained weights by construction and nothing is copied;
+- owned (``owns_weights=True``): the engine has its own module skeleton whose parameters are empty
+  between rollouts. Before a rollout, :meth:`update_weights` receives the actor's full tensors one at a
+  time (gathered part by part from the FSDP shards); :meth:`release` drops them after it.
+
+The vLLM engine will implement the same two methods.
 """
 
 from __future__ import annotations
@@ -17,8 +24,17 @@ from mmrl.rollout.base import RolloutOutput, SamplingParams
 
 
 class HFRolloutEngine:
-    def __init__(self, model: torch.nn.Module, processor: Any, device: torch.device, micro_batch_size: int = 64):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        processor: Any,
+        device: torch.device,
+        micro_batch_size: int = 64,
+        owns_weights: bool = False,
+    ):
         self.model = model
+        self.owns_weights = owns_weights
+        self.shapes = {name: p.shape for name, p in model.named_parameters()}
         self.tokenizer = processor.tokenizer
         self.device = device
         self.micro_batch_size = micro_batch_size
@@ -26,12 +42,33 @@ class HFRolloutEngine:
         self.eos_id = self.tokenizer.eos_token_id
         self.banned_ids = vision_token_ids(self.tokenizer)
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Shared module: the weights are already the actor's; checks the names and shapes match."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Point the engine's parameters at the given full tensors (Hugging Face names); returns the count.
+
+        The tensors are used as they are, not copied: a freshly gathered tensor becomes the engine's,
+        and a replicated actor tensor is shared. Every parameter of the model must be given.
+        """
         params = dict(self.model.named_parameters())
+        seen = set()
         for name, tensor in named_tensors:
-            if name not in params or params[name].shape != tensor.shape:
-                raise ValueError(f"update_weights: {name} {tuple(tensor.shape)} does not match the model")
+            param = params.get(name)
+            if param is None:
+                raise ValueError(f"update_weights: the rollout model has no parameter {name!r}")
+            if tensor.shape != self.shapes[name]:
+                raise ValueError(f"update_weights: {name} {tuple(tensor.shape)} != {tuple(self.shapes[name])}")
+            if self.owns_weights:
+                param.data = tensor.to(device=self.device, dtype=param.dtype)
+            seen.add(name)
+        if seen != set(params):
+            missing = sorted(set(params) - seen)
+            raise ValueError(f"update_weights: {len(missing)} parameters were not given, e.g. {missing[:3]}")
+        return len(seen)
+
+    def release(self) -> None:
+        """Free the engine's own weights after a rollout (a no-op when it shares the actor's module)."""
+        if self.owns_weights:
+            for param in self.model.parameters():
+                param.data = torch.empty(0, dtype=param.dtype, device=param.device)
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[EncodedPrompt], params: SamplingParams) -> RolloutOutput:

@@ -15,7 +15,7 @@ from typing import Iterator
 
 import torch
 
-from mmrl.algos.advantages import AdvantageOptions, compute_advantages
+from mmrl.algos.advantages import AdvantageOptions, compute_advantages, gae_advantages
 from mmrl.config import Config
 from mmrl.controller import ResourcePool, WorkerGroup
 from mmrl.controller.session import ensure_ray, worker_shape
@@ -27,6 +27,7 @@ from mmrl.trainer.evaluation import EvalResult, evaluate, samples_html, samples_
 from mmrl.trainer.plots import plot_curves
 from mmrl.trainer.prompts import PromptLoader, load_rows
 from mmrl.trainer.scoring import build_reward_manager, place_on_last_token, score_samples
+from mmrl.workers.critic import CriticWorker
 from mmrl.workers.hybrid import ActorRolloutRefWorker
 from rewards import answer_match
 
@@ -38,6 +39,7 @@ CURVES = {
     "reward": ["critic/score/mean", "train/acc"],
     "accuracy": ["val/acc"],
     "policy": ["actor/entropy", "actor/ppo_kl", "actor/pg_clipfrac"],
+    "critic": ["critic/vf_loss", "critic/vf_explained_var"],
 }
 
 
@@ -57,21 +59,29 @@ class RLTrainer:
 
     # ---- set-up -------------------------------------------------------------------------------
 
-    def build_workers(self) -> WorkerGroup:
-        ensure_ray(self.cfg.resources)
-        use_gpu = resolve_device(self.cfg.resources.device).type == "cuda"
-        cpus, threads = worker_shape(self.cfg.resources, use_gpu)
-        pool = ResourcePool(self.cfg.resources.num_workers, cpus, use_gpu, name="actor_rollout_ref")
-        group = WorkerGroup(ActorRolloutRefWorker, pool, threads=threads, device=self.cfg.resources.device)
-        group.init_model(self.cfg, self.checkpoint)
-        return group
+    def build_workers(self) -> None:
+        """The actor-rollout-ref group, and the critic group (colocated on its pool, or on its own)."""
+        res = self.cfg.resources
+        ensure_ray(res)
+        use_gpu = resolve_device(res.device).type == "cuda"
+        separate = self.cfg.uses_critic and self.cfg.critic.placement == "separate"
+        cpus, threads = worker_shape(res, use_gpu, pools=2 if separate else 1)
+        pool = ResourcePool(res.num_workers, cpus, use_gpu, name="actor_rollout_ref")
+        share = 0.5 if self.cfg.uses_critic and not separate else 1.0
+        self.workers = WorkerGroup(ActorRolloutRefWorker, pool, threads=threads, device=res.device, share=share)
+        self.workers.init_model(self.cfg, self.checkpoint)
+        self.critic: WorkerGroup | None = None
+        if self.cfg.uses_critic:
+            critic_pool = ResourcePool(res.num_workers, cpus, use_gpu, name="critic") if separate else pool
+            self.critic = WorkerGroup(CriticWorker, critic_pool, threads=threads, device=res.device, share=share)
+            self.critic.init_model(self.cfg, self.cfg.critic.init or self.checkpoint)
 
     # ---- the loop -----------------------------------------------------------------------------
 
     def fit(self, tracker: Tracker) -> dict[str, float]:
         """Run ``trainer.steps`` steps; evaluate every ``eval_every``; save the final checkpoint."""
         cfg = self.cfg.trainer
-        self.workers = self.build_workers()
+        self.build_workers()
         loader = iter(PromptLoader(self.train_rows, cfg.prompts_per_step, self.cfg.seed))
         last_eval: dict[str, float] = {}
         for step in range(1, cfg.steps + 1):
@@ -103,13 +113,46 @@ class RLTrainer:
             if self.cfg.actor.use_kl_loss:
                 with self.timer("ref"):
                     batch = batch.union(self.workers.compute_ref_log_probs(batch))
+            if self.critic is not None:
+                with self.timer("values"):
+                    batch = batch.union(self.critic.compute_values(batch))
             with self.timer("adv"):
-                batch.tensors["advantages"] = compute_advantages(
-                    self.cfg.algorithm.adv_estimator, scores, batch["uid"], batch["response_mask"], self.adv_opts
-                )
+                self.advantages(batch, scores)
+            critic_metrics: dict[str, float] = {}
+            if self.critic is not None:
+                with self.timer("update_critic"):
+                    critic_metrics = self.critic.update_critic(batch)[0]
             with self.timer("update_actor"):
                 actor_metrics = self.workers.update_actor(batch)[0]
-        return self.step_metrics(batch, scores) | reward_metrics | actor_metrics | self.timing_metrics(batch)
+        metrics = self.step_metrics(batch, scores) | reward_metrics | actor_metrics | critic_metrics
+        return metrics | self.value_metrics(batch) | self.timing_metrics(batch)
+
+    def advantages(self, batch: Batch, scores: torch.Tensor) -> None:
+        """Fill ``advantages`` (and ``returns`` for GAE) in place."""
+        algo = self.cfg.algorithm
+        if algo.adv_estimator == "gae":
+            batch.tensors["advantages"], batch.tensors["returns"] = gae_advantages(
+                batch["token_level_scores"], batch["values"], batch["response_mask"], algo.gamma, algo.lam
+            )
+        else:
+            batch.tensors["advantages"] = compute_advantages(
+                algo.adv_estimator, scores, batch["uid"], batch["response_mask"], self.adv_opts
+            )
+
+    @staticmethod
+    def value_metrics(batch: Batch) -> dict[str, float]:
+        """Value and return statistics, and the explained variance of the returns by the values."""
+        if "values" not in batch.tensors:
+            return {}
+        mask = batch["response_mask"].bool()
+        values, returns = batch["values"][mask], batch["returns"][mask]
+        var = returns.var(unbiased=False)
+        explained = 1 - (returns - values).var(unbiased=False) / var if var > 0 else torch.tensor(float("nan"))
+        return {
+            "critic/values/mean": float(values.mean()),
+            "critic/returns/mean": float(returns.mean()),
+            "critic/vf_explained_var": float(explained),
+        }
 
     def step_metrics(self, batch: Batch, scores: torch.Tensor) -> dict[str, float]:
         lengths = batch["response_mask"].sum(-1)
@@ -156,12 +199,14 @@ class RLTrainer:
         return result.metrics("val") | {"timing_s/val": self.timing["val"]}
 
     def log_curves(self, tracker: Tracker) -> None:
-        figure = plot_curves(tracker.history, CURVES)
+        panels = {title: keys for title, keys in CURVES.items() if any(k in tracker.history for k in keys)}
+        figure = plot_curves(tracker.history, panels)
         tracker.log_figure(figure, "curves.png")
 
     def shutdown(self) -> None:
-        if hasattr(self, "workers"):
-            self.workers.shutdown()
+        for group in (getattr(self, "critic", None), getattr(self, "workers", None)):
+            if group is not None:
+                group.shutdown()
 
 
 def run_rl(cfg: Config) -> dict[str, float]:

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from mmrl.config import Config
 from mmrl.controller.worker import resolve_device
 from mmrl.models.encoding import EncodedPrompt, vision_token_ids
+from mmrl.models.forward import PolicyForward
 from mmrl.models.loading import load_model, load_processor, save_checkpoint, vision_module
 from mmrl.models.logprobs import response_logprobs
 from mmrl.protocol import Batch
@@ -25,7 +26,7 @@ from mmrl.rollout.prompts import encode_rows, generate_samples
 from mmrl.tracking import Tracker
 from mmrl.trainer.evaluation import evaluate
 from mmrl.trainer.prompts import load_rows, rows_to_batch
-from mmrl.workers.actor import build_optimizer
+from mmrl.workers.update import build_optimizer
 
 ANSWER_TEMPLATE = "<answer>{answer}</answer>"
 
@@ -55,8 +56,9 @@ class SFTTrainer:
         self.processor = load_processor(init)
         torch.manual_seed(cfg.seed)
         self.model = load_model(init, cfg.model.dtype, cfg.model.attn_implementation, self.device)
-        if cfg.model.freeze_vision:
+        if cfg.actor.vision.freeze:
             vision_module(self.model).requires_grad_(False)
+        self.policy = PolicyForward(self.model)
         self.tokenizer = self.processor.tokenizer
         self.banned = vision_token_ids(self.tokenizer)
         rows = load_rows(cfg.data.dir, cfg.sft.split)
@@ -67,14 +69,14 @@ class SFTTrainer:
         """Mean negative log-likelihood of the target tokens of the chosen examples."""
         ids, mask = pad_targets([self.targets[i] for i in indices], self.tokenizer.pad_token_id)
         logp, _ = response_logprobs(
-            self.model, [self.prompts[i] for i in indices], ids, mask,
+            self.policy, [self.prompts[i] for i in indices], ids, mask,
             pad_token_id=self.tokenizer.pad_token_id, banned_ids=self.banned, temperature=1.0, device=self.device,
         )
         return -(logp.sum() / mask.to(self.device).sum())
 
     def train(self, tracker: Tracker) -> None:
         cfg = self.cfg.sft
-        optimizer, scheduler = build_optimizer(self.model, cfg.lr, cfg.weight_decay, cfg.warmup_steps)
+        optimizer, scheduler = build_optimizer([p for p in self.model.parameters() if p.requires_grad], cfg.lr, cfg.weight_decay, cfg.warmup_steps)
         rng = random.Random(self.cfg.seed)
         order: list[int] = []
         self.model.train()

@@ -10,7 +10,9 @@ from mmrl.algos.losses import ppo_clip_loss
 from mmrl.config import ActorConfig
 from mmrl.models.encoding import encode_prompt, vision_token_ids
 from mmrl.models.loading import load_model, load_processor, vision_module
+from mmrl.models.forward import PolicyForward
 from mmrl.models.logprobs import response_logprobs
+from mmrl.parallel.sharding import shard_parts
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
 from mmrl.rollout.hf import HFRolloutEngine
@@ -21,6 +23,12 @@ CPU = torch.device("cpu")
 
 def no_reduce(t: torch.Tensor) -> torch.Tensor:
     return t
+
+
+def updater_for(model, cfg: ActorConfig, spec) -> PolicyUpdater:
+    """A one-rank updater over ``model`` laid out as ``cfg.vision`` / ``cfg.llm`` say."""
+    layout = shard_parts(PolicyForward(model), cfg.vision, cfg.llm, 1, CPU)
+    return PolicyUpdater(layout, cfg, spec, CPU, no_reduce)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +45,7 @@ def rollout_batch(tiny_model_dir):
         objects={"prompt": [p for p in prompts for _ in range(3)]},
     )
     spec = LogProbSpec(processor.tokenizer.pad_token_id, vision_token_ids(processor.tokenizer), 1.0, 64)
-    old, _ = batched_logprobs(model, batch, spec, CPU, with_entropy=False)
+    old, _ = batched_logprobs(PolicyForward(model), batch, spec, CPU, with_entropy=False)
     batch.tensors["old_log_probs"] = old
     batch.tensors["advantages"] = torch.randn(len(batch), 1) * out.response_mask
     return model, batch, spec
@@ -46,7 +54,7 @@ def rollout_batch(tiny_model_dir):
 def reference_gradients(model, batch, spec, cfg: ActorConfig) -> torch.nn.Module:
     """Clipped gradients of the token-mean clipped loss of the whole batch, written out directly."""
     model = copy.deepcopy(model).train()
-    logp, _ = response_logprobs(model, batch["prompt"], batch["responses"], batch["response_mask"],
+    logp, _ = response_logprobs(PolicyForward(model), batch["prompt"], batch["responses"], batch["response_mask"],
                                 pad_token_id=spec.pad_token_id, banned_ids=spec.banned_ids, temperature=1.0, device=CPU)
     loss, _ = ppo_clip_loss(logp, batch["old_log_probs"], batch["advantages"], batch["response_mask"],
                             clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high)
@@ -61,7 +69,7 @@ def test_update_equals_full_batch_reference_for_any_micro_batch(rollout_batch, m
     cfg = ActorConfig(lr=1e-2, warmup_steps=0, num_mini_batches=1, micro_batch_size=micro_batch_size, grad_clip=1.0)
     expected = reference_gradients(model, batch, spec, cfg)
     trained = copy.deepcopy(model)
-    metrics = PolicyUpdater(trained, cfg, spec, CPU, no_reduce).update(batch)
+    metrics = updater_for(trained, cfg, spec).update(batch)
     # Gradients, not weights: Adam turns float-noise-sized gradients into lr-sized steps.
     for (name, p), q in zip(trained.named_parameters(), expected.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-7, rtol=1e-4), name
@@ -76,7 +84,7 @@ def test_frozen_vision_is_bit_identical_and_has_no_optimizer_state(rollout_batch
     vision = vision_module(trained)
     vision.requires_grad_(False)
     before = {k: v.clone() for k, v in vision.state_dict().items()}
-    updater = PolicyUpdater(trained, ActorConfig(lr=1e-2, num_mini_batches=2), spec, CPU, no_reduce)
+    updater = updater_for(trained, ActorConfig(lr=1e-2, num_mini_batches=2), spec)
     updater.update(batch)
     assert all(torch.equal(before[k], v) for k, v in vision.state_dict().items())
     vision_ids = {id(p) for p in vision.parameters()}
@@ -91,7 +99,7 @@ def test_positive_advantage_raises_the_logprob(rollout_batch):
     trained = copy.deepcopy(model)
     push = Batch(tensors=dict(batch.tensors), objects=dict(batch.objects))
     push.tensors["advantages"] = batch["response_mask"].clone()  # every sampled token is good
-    PolicyUpdater(trained, ActorConfig(lr=1e-2, num_mini_batches=1), spec, CPU, no_reduce).update(push)
-    new, _ = batched_logprobs(trained, batch, spec, CPU, with_entropy=False)
+    updater_for(trained, ActorConfig(lr=1e-2, num_mini_batches=1), spec).update(push)
+    new, _ = batched_logprobs(PolicyForward(trained), batch, spec, CPU, with_entropy=False)
     mask = batch["response_mask"]
     assert float((new * mask).sum()) > float((batch["old_log_probs"] * mask).sum())

@@ -46,7 +46,7 @@ def test_bad_type_names_key():
 def test_cross_field_checks():
     with pytest.raises(ConfigError, match="rollout.n >= 2"):
         load_config(None, ["rollout.n=1"])
-    with pytest.raises(ConfigError, match="adv_estimator='ppo2'.*allowed: grpo, rloo"):
+    with pytest.raises(ConfigError, match="adv_estimator='ppo2'.*allowed: gae, grpo, rloo"):
         load_config(None, ["algorithm.adv_estimator=ppo2"])
     with pytest.raises(ConfigError, match="trainer.steps=0 must be a positive"):
         load_config(None, ["trainer.steps=0"])

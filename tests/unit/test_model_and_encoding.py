@@ -6,6 +6,7 @@ from PIL import Image
 
 from mmrl.models.encoding import collate, encode_prompt, vision_token_ids
 from mmrl.models.loading import load_model, load_processor
+from mmrl.models.forward import PolicyForward
 from mmrl.models.logprobs import gather_logprobs_entropy, policy_log_softmax, response_logprobs
 from mmrl.models.tiny import SPECIAL_TOKENS, TinyVLMSpec
 from mmrl.rollout.base import SamplingParams
@@ -90,7 +91,7 @@ def test_training_forward_logprobs_equal_rollout_logprobs(model_and_processor):
     banned = set(vision_token_ids(processor.tokenizer))
     assert not any(int(t) in banned for t in out.responses[out.response_mask.bool()])
     expanded = [p for p in prompts for _ in range(3)]
-    logp, _ = response_logprobs(model, expanded, out.responses, out.response_mask, pad_token_id=engine.pad_id,
+    logp, _ = response_logprobs(PolicyForward(model), expanded, out.responses, out.response_mask, pad_token_id=engine.pad_id,
                                 banned_ids=engine.banned_ids, temperature=0.9, device=CPU)
     assert float((logp - out.log_probs).abs().max()) < 1e-4
 

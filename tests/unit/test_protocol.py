@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from mmrl.protocol import Batch, balanced_sizes
+from mmrl.models.encoding import EncodedPrompt
+from mmrl.protocol import KNOWN_KEYS, Batch, balanced_sizes, sample_tokens
 
 
 def make(n: int = 5) -> Batch:
@@ -69,3 +70,27 @@ def test_concat_refuses_different_fields():
 def test_require_names_missing_field_and_its_meaning():
     with pytest.raises(KeyError, match="old_log_probs.*log-probs of the policy"):
         make().require("x", "old_log_probs")
+
+
+def encoded(length: int) -> EncodedPrompt:
+    ids = torch.zeros(length, dtype=torch.long)
+    return EncodedPrompt(input_ids=ids, mm_token_type_ids=torch.zeros_like(ids))
+
+
+def test_sample_tokens_counts_prompt_and_response_tokens():
+    shared, other = encoded(10), encoded(4)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    b = Batch(tensors={"response_mask": mask}, objects={"prompt": [shared, shared, other]})
+    assert sample_tokens(b) == [13, 11, 8]
+    assert sample_tokens(b.pop("prompt")) == [10, 10, 4]  # before rollout: prompt tokens only
+
+
+def test_sample_tokens_weighs_one_per_sample_without_prompts():
+    assert sample_tokens(make(3)) == [1, 1, 1]
+    assert sample_tokens(Batch(objects={"messages": [[], []]})) == [1, 1]
+
+
+def test_is_pad_is_a_known_key():
+    assert "is_pad" in KNOWN_KEYS and "(B,) bool" in KNOWN_KEYS["is_pad"]
+    with pytest.raises(KeyError, match="is_pad.*padding|is_pad.*DP_COMPUTE"):
+        make().require("is_pad")

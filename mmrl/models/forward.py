@@ -1,0 +1,123 @@
+"""The training-side forward of a Qwen2/2.5-VL model: the vision tower runs exactly once per call.
+
+Hugging Face's forward calls the vision tower once for images and once more for videos, and not at all
+for a text-only batch. When the vision tower is sharded (FSDP), every call is a collective, so ranks
+whose micro-batches differ in media would issue different collectives and hang. Here the tower runs
+once per forward on all ranks: on the concatenated image and video patches, or on a one-token dummy
+image when the micro-batch has none (its output enters the result multiplied by zero, so the backward
+reaches the tower too). The features are handed to the model through ``mm_encoder_outputs``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+MEDIA = (("image", "pixel_values", "image_grid_thw"), ("video", "pixel_values_videos", "video_grid_thw"))
+
+
+def core_model(model: nn.Module) -> nn.Module:
+    """The ``Qwen2_5_VLModel`` (vision tower + language model, no head) inside a generation model."""
+    core = getattr(model, "model", model)
+    if not (hasattr(core, "visual") and hasattr(core, "language_model")):
+        raise ValueError(f"{type(model).__name__} is not a Qwen2/2.5-VL style model (.model.visual, .language_model)")
+    return core
+
+
+def dummy_media(visual: nn.Module, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The smallest input the tower accepts: one (1, m, m) grid, m = spatial merge size -> one token.
+
+    Returns pixels (m*m, C*T*P*P) of zeros and grid_thw (1, 3).
+    """
+    cfg = visual.config
+    merge = cfg.spatial_merge_size
+    width = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
+    pixels = torch.zeros(merge * merge, width, device=device, dtype=dtype)
+    return pixels, torch.tensor([[1, merge, merge]], device=device)
+
+
+def encode_media(
+    core: nn.Module, inputs: dict[str, torch.Tensor], always: bool
+) -> tuple[dict[str, BaseModelOutputWithPooling], torch.Tensor | None]:
+    """Run the vision tower once on all images and videos of ``inputs``.
+
+    Returns ``mm_encoder_outputs`` ({"image"|"video": per-item features, each (tokens_i, D)}) and, when
+    the tower ran on the dummy input, a zero scalar that must be added to the output to keep it in the
+    graph (None otherwise).
+    """
+    visual = core.visual
+    dtype = next(visual.parameters()).dtype
+    present = [(kind, inputs[pk], inputs[gk]) for kind, pk, gk in MEDIA if inputs.get(pk) is not None]
+    if not present:
+        if not always:
+            return {}, None
+        pixels, grid = dummy_media(visual, inputs["input_ids"].device, dtype)
+        return {}, visual(pixels, grid_thw=grid).pooler_output.sum() * 0.0
+    pixels = torch.cat([p for _, p, _ in present]).to(dtype)
+    grids = torch.cat([g for _, _, g in present])
+    merged = visual(pixels, grid_thw=grids).pooler_output
+    sizes = (grids.prod(-1) // visual.config.spatial_merge_size**2).tolist()
+    features = list(torch.split(merged, sizes))
+    outputs, start = {}, 0
+    for kind, _, grid in present:
+        count = grid.shape[0]
+        outputs[kind] = BaseModelOutputWithPooling(pooler_output=tuple(features[start : start + count]))
+        start += count
+    return outputs, None
+
+
+def text_inputs(inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """``inputs`` without the pixels (the grids stay: the model needs them for its 3-D positions)."""
+    return {k: v for k, v in inputs.items() if k not in ("pixel_values", "pixel_values_videos")}
+
+
+class PolicyForward(nn.Module):
+    """Wraps a ``*ForConditionalGeneration`` model; ``forward(inputs, logits_to_keep)`` -> logits.
+
+    It is the root module that FSDP shards, so that one call gathers every part it needs.
+    ``always_run_vision`` must be set when the vision tower is sharded.
+    """
+
+    def __init__(self, model: nn.Module, always_run_vision: bool = False) -> None:
+        super().__init__()
+        self.model = model
+        self.always_run_vision = always_run_vision
+
+    def forward(self, inputs: dict[str, torch.Tensor], logits_to_keep: int) -> torch.Tensor:
+        """inputs: collated (B, L) ids/masks and media -> logits (B, logits_to_keep, V)."""
+        media, anchor = encode_media(core_model(self.model), inputs, self.always_run_vision)
+        out = self.model(**text_inputs(inputs), mm_encoder_outputs=media or None,
+                         logits_to_keep=logits_to_keep, use_cache=False)
+        return out.logits if anchor is None else out.logits + anchor
+
+
+class ValueModel(nn.Module):
+    """The critic: a VLM backbone (no LM head) and a scalar value head on every position.
+
+    ``forward(inputs, width)`` -> values (B, width) of the states *before* each of the last ``width``
+    tokens, i.e. aligned with the log-probs of a width-``width`` response.
+    """
+
+    def __init__(self, backbone: nn.Module, hidden_size: int, always_run_vision: bool = False) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = nn.Linear(hidden_size, 1)
+        self.always_run_vision = always_run_vision
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    @classmethod
+    def from_policy(cls, model: nn.Module) -> ValueModel:
+        core = core_model(model)
+        return cls(core, core.language_model.config.hidden_size)
+
+    def forward(self, inputs: dict[str, torch.Tensor], width: int) -> torch.Tensor:
+        """inputs: collated (B, P+width) -> values (B, width), float32."""
+        media, anchor = encode_media(self.backbone, inputs, self.always_run_vision)
+        hidden = self.backbone(**text_inputs(inputs), mm_encoder_outputs=media or None, use_cache=False)
+        states = hidden.last_hidden_state[:, -(width + 1) : -1]
+        values = self.value_head(states).squeeze(-1).float()
+        return values if anchor is None else values + anchor

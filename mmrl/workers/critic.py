@@ -1,0 +1,102 @@
+"""The critic worker: a VLM value model with its own layout and optimizer (PPO with GAE).
+
+The value model is the policy's backbone (vision encoder + language model, no LM head) with a scalar
+head per token, initialised from a policy checkpoint (the head starts at zero). It is laid out by
+``critic.vision`` / ``critic.llm`` independently of the actor.
+"""
+
+from __future__ import annotations
+
+import resource
+
+import torch
+
+from mmrl.algos.losses import value_loss
+from mmrl.config import Config, CriticConfig
+from mmrl.controller import Dispatch, Worker, register
+from mmrl.models.encoding import collate
+from mmrl.models.forward import ValueModel
+from mmrl.models.loading import load_model, load_processor, vision_module
+from mmrl.parallel.sharding import Layout, shard_parts
+from mmrl.protocol import Batch
+from mmrl.workers.update import AllReduce, DataParallelUpdater
+
+
+def batch_values(model: torch.nn.Module, batch: Batch, pad_token_id: int, device: torch.device) -> torch.Tensor:
+    """V(s_t) for every response token of ``batch``: (B, R) float32, zero on padding (grad enabled)."""
+    inputs = collate(batch["prompt"], pad_token_id, batch["responses"], batch["response_mask"])
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    values = model(inputs, batch["responses"].shape[1])
+    return values * batch["response_mask"].to(device)
+
+
+class ValueUpdater(DataParallelUpdater):
+    """Clipped value loss against the GAE returns."""
+
+    metric_names = ("vf_loss", "vf_clipfrac", "vpred_mean")
+    prefix = "critic"
+
+    def __init__(self, layout: Layout, cfg: CriticConfig, pad_token_id: int, device: torch.device,
+                 all_reduce: AllReduce) -> None:
+        super().__init__(layout, cfg, device, all_reduce)
+        self.pad_token_id = pad_token_id
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        batch.require("prompt", "responses", "response_mask", "values", "returns")
+        return super().update(batch)
+
+    def micro_loss(self, micro: Batch, denominator: float) -> tuple[torch.Tensor, list[float]]:
+        dev = self.device
+        mask = micro["response_mask"].to(dev)
+        values = batch_values(self.layout.root, micro, self.pad_token_id, dev)
+        loss, metrics = value_loss(
+            values, micro["values"].to(dev), micro["returns"].to(dev), mask,
+            clip_range=self.cfg.cliprange_value, agg_mode=self.cfg.loss_agg_mode, denominator=denominator,
+        )
+        tokens = float(mask.sum())
+        return loss, [float(loss.detach()), metrics["vf_clipfrac"] * tokens, metrics["vpred_mean"] * tokens]
+
+    def finish_metrics(self, sums: dict[str, float], tokens: float) -> dict[str, float]:
+        metrics = {k: v / tokens for k, v in sums.items()}
+        metrics["vf_loss"] = sums["vf_loss"]  # already normalised by the global denominator
+        return metrics
+
+
+class CriticWorker(Worker):
+    """One data-parallel rank of the critic."""
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self, cfg: Config, checkpoint: str) -> int:
+        """Build the value model from a policy checkpoint and lay it out; returns its parameter count."""
+        torch.manual_seed(cfg.seed + self.rank)
+        self.cfg = cfg.critic
+        processor = load_processor(checkpoint)
+        self.pad_token_id = processor.tokenizer.pad_token_id
+        policy = load_model(checkpoint, cfg.model.dtype, cfg.model.attn_implementation, self.device)
+        model = ValueModel.from_policy(policy).to(self.device)
+        del policy  # the LM head goes with it
+        if self.cfg.vision.freeze:
+            vision_module(model.backbone).requires_grad_(False)
+        self.layout = shard_parts(model, self.cfg.vision, self.cfg.llm, self.world_size, self.device)
+        self.updater = ValueUpdater(self.layout, self.cfg, self.pad_token_id, self.device, self.all_reduce_sum)
+        return sum(p.numel() for p in model.parameters())
+
+    @register(Dispatch.DP_COMPUTE)
+    def compute_values(self, batch: Batch) -> Batch:
+        """-> values (B, R): the critic's V(s_t) before each response token."""
+        batch.require("prompt", "responses", "response_mask")
+        out = []
+        with torch.no_grad():
+            for start in range(0, len(batch), self.cfg.micro_batch_size):
+                micro = batch.slice(start, start + self.cfg.micro_batch_size)
+                out.append(batch_values(self.layout.root, micro, self.pad_token_id, self.device).cpu())
+        return Batch(tensors={"values": torch.cat(out)})
+
+    @register(Dispatch.DP_COMPUTE)
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        """Value-loss epochs over the batch (values = rollout-time values, returns = GAE targets)."""
+        return self.updater.update(batch)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def peak_rss_mb(self) -> float:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

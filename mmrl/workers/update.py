@@ -1,0 +1,109 @@
+"""The data-parallel update loop shared by the actor and the critic.
+
+Each rank holds an equal-size slice of a step's batch (padded rows carry a zero response mask). For each
+epoch and mini-batch: losses are normalised by the mini-batch's *global* token (or sequence) count, the
+micro-batch gradients accumulate, replicated gradients are summed over ranks (FSDP sums the sharded
+ones), the global norm is clipped, and the optimizer steps. N ranks thus compute exactly the update one
+rank would compute on the whole mini-batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from mmrl.parallel.grads import clip_grad_norm, sum_replicated_grads
+from mmrl.parallel.sharding import Layout
+from mmrl.protocol import Batch, balanced_sizes
+
+AllReduce = Callable[[torch.Tensor], torch.Tensor]
+
+
+def build_optimizer(
+    params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float, warmup_steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """AdamW over the given (trainable) parameters; linear warm-up.
+
+    Sharded (DTensor) and plain parameters go in separate groups so the fused per-group kernels never
+    mix the two.
+    """
+    from torch.distributed.tensor import DTensor
+
+    sharded = [p for p in params if isinstance(p, DTensor)]
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    groups = [{"params": g} for g in (sharded, plain) if g]
+    optimizer = torch.optim.AdamW(groups or [{"params": []}], lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999))
+    warmup = max(warmup_steps, 1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    return optimizer, scheduler
+
+
+def real_rows(batch: Batch) -> torch.Tensor:
+    """(B,) float: 1 for real samples, 0 for the padding rows the dispatcher added."""
+    if "is_pad" in batch.tensors:
+        return (~batch["is_pad"].bool()).float()
+    return torch.ones(len(batch))
+
+
+class DataParallelUpdater:
+    """Subclasses define :meth:`micro_loss` and the names of the metric sums it returns."""
+
+    metric_names: tuple[str, ...] = ()
+    prefix = ""
+
+    def __init__(self, layout: Layout, cfg, device: torch.device, all_reduce: AllReduce) -> None:
+        self.layout, self.cfg, self.device, self.all_reduce = layout, cfg, device, all_reduce
+        self.optimizer, self.scheduler = build_optimizer(
+            layout.trainable(), cfg.lr, cfg.weight_decay, cfg.warmup_steps
+        )
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """``ppo_epochs`` passes of mini-batch updates; returns metrics identical on every rank."""
+        self.layout.root.train()
+        totals: dict[str, float] = {}
+        num_updates = 0
+        for _ in range(self.cfg.ppo_epochs):
+            for mini in batch.split(balanced_sizes(len(batch), self.cfg.num_mini_batches)):
+                for key, value in self.update_mini_batch(mini).items():
+                    totals[key] = totals.get(key, 0.0) + value
+                num_updates += 1
+        metrics = {f"{self.prefix}/{k}": v / num_updates for k, v in totals.items()}
+        metrics[f"{self.prefix}/lr"] = self.scheduler.get_last_lr()[0]
+        return metrics
+
+    def global_count(self, local: torch.Tensor | float) -> float:
+        return float(self.all_reduce(torch.as_tensor(local, dtype=torch.float64).clone()))
+
+    def denominator(self, mini: Batch) -> float:
+        """Global count the loss is divided by: valid tokens (token-mean) or real sequences."""
+        if self.cfg.loss_agg_mode == "token-mean":
+            return self.global_count(mini["response_mask"].sum())
+        return self.global_count(real_rows(mini).sum())
+
+    def update_mini_batch(self, mini: Batch) -> dict[str, float]:
+        denominator = self.denominator(mini)
+        tokens = max(self.global_count(mini["response_mask"].sum()), 1.0)
+        self.optimizer.zero_grad(set_to_none=True)
+        # This rank's partial sums of each metric; summed over ranks below.
+        sums = torch.zeros(len(self.metric_names), dtype=torch.float64)
+        for start in range(0, len(mini), self.cfg.micro_batch_size):
+            micro = mini.slice(start, start + self.cfg.micro_batch_size)
+            loss, parts = self.micro_loss(micro, denominator)
+            loss.backward()
+            sums += torch.tensor(parts, dtype=torch.float64)
+        sum_replicated_grads(self.layout.replicated, self.all_reduce)
+        grad_norm = clip_grad_norm(self.layout.trainable(), self.cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.all_reduce(sums)
+        metrics = self.finish_metrics(dict(zip(self.metric_names, sums.tolist())), tokens)
+        metrics["grad_norm"] = grad_norm
+        return metrics
+
+    def micro_loss(self, micro: Batch, denominator: float) -> tuple[torch.Tensor, list[float]]:
+        raise NotImplementedError
+
+    def finish_metrics(self, sums: dict[str, float], tokens: float) -> dict[str, float]:
+        """Turn the rank-summed metric sums into reported metrics (default: per-token means)."""
+        return {k: v / tokens for k, v in sums.items()}

@@ -1,0 +1,165 @@
+"""Per-part layouts over real Ray worker groups: N=1 vs N=2 and every vision/llm strategy agree.
+
+Tolerances. Log-probs and losses are the same math in a different reduction order (FSDP all-gathers
+exact values; the gradient sums over ranks reorder float additions), so they agree to ~1e-7 relative; we
+allow 1e-5. Weights after one AdamW step: Adam's first step moves each weight by about
+``lr * g / (|g| + eps)``, so a gradient element that is itself at float-noise level (|g| ~ 1e-9) can move
+by a noticeable fraction of ``lr`` when its last bits differ. We measured at most 1.2e-3 * lr and allow
+1e-2 * lr (1e-5 at lr 1e-3), three orders of magnitude below the update itself.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from PIL import Image
+
+from mmrl.config import PartConfig, VisionPartConfig, load_config
+from mmrl.controller import ResourcePool, WorkerGroup
+from mmrl.models.encoding import encode_prompt
+from mmrl.models.loading import load_processor
+from mmrl.protocol import Batch
+from mmrl.rollout.base import SamplingParams
+from mmrl.workers.hybrid import ActorRolloutRefWorker
+
+LR = 1e-3
+COMBOS = [
+    ("replicate", "replicate"),
+    ("fsdp", "replicate"),
+    ("replicate", "fsdp"),
+    ("fsdp", "fsdp"),
+    ("hsdp", "hsdp"),  # 2 ranks as 2 replicas of a 1-rank shard group: FSDP's replicate-dim all-reduce
+    ("hsdp", "fsdp"),
+]
+
+
+def configure(cfg, vision: str, llm: str, freeze: bool = False):
+    cfg = copy.deepcopy(cfg)
+    cfg.actor.vision = VisionPartConfig(strategy=vision, shard_size=1, freeze=freeze)
+    cfg.actor.llm = PartConfig(strategy=llm, shard_size=1)
+    cfg.actor.lr, cfg.actor.warmup_steps, cfg.actor.grad_clip = LR, 0, 1.0
+    cfg.actor.num_mini_batches, cfg.actor.micro_batch_size = 1, 2
+    cfg.actor.use_kl_loss = False
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def base_cfg(tiny_model_dir, tiny_data_dir):
+    return load_config(None, [f"model.path={tiny_model_dir}", f"data.dir={tiny_data_dir}", "rollout.n=2"])
+
+
+@pytest.fixture(scope="module")
+def groups(tiny_model_dir):
+    one = WorkerGroup(ActorRolloutRefWorker, ResourcePool(1, cpus_per_worker=1, name="n1"), threads=1, device="cpu")
+    two = WorkerGroup(ActorRolloutRefWorker, ResourcePool(2, cpus_per_worker=0.5, name="n2"), threads=1, device="cpu")
+    yield one, two
+    one.shutdown()
+    two.shutdown()
+
+
+@pytest.fixture(scope="module")
+def mixed_batch(tiny_model_dir):
+    """1 image prompt (two images) and 5 text-only prompts: token balancing leaves one rank without media."""
+    processor = load_processor(tiny_model_dir)
+    image = encode_prompt(processor, [{"role": "user", "content": "<image><image>Which colours?"}],
+                          [Image.new("RGB", (56, 56), (255, 0, 0)), Image.new("RGB", (84, 56), (0, 0, 255))])
+    texts = [encode_prompt(processor, [{"role": "user", "content": "Name a colour" + "!" * i}], []) for i in range(5)]
+    prompts = [image, *texts]
+    gen = torch.Generator().manual_seed(0)
+    responses = torch.randint(20, 200, (6, 5), generator=gen)
+    mask = torch.ones(6, 5)
+    mask[2, 3:] = 0
+    mask[4, 1:] = 0
+    advantages = torch.randn(6, 1, generator=gen) * mask
+    return Batch(tensors={"responses": responses, "response_mask": mask, "advantages": advantages},
+                 objects={"prompt": prompts})
+
+
+def one_update(group, cfg, model_dir, batch):
+    """init -> old log-probs -> one update -> (log-probs, metrics, full weights after the update)."""
+    group.init_model(cfg, str(model_dir), False)
+    batch = batch.union(group.compute_log_probs(batch))
+    metrics = group.update_actor(batch)
+    return batch["old_log_probs"], metrics, group.full_state_dict()
+
+
+@pytest.fixture(scope="module")
+def reference(groups, base_cfg, tiny_model_dir, mixed_batch):
+    """One worker, everything replicated: the baseline every layout must reproduce."""
+    return one_update(groups[0], configure(base_cfg, "replicate", "replicate"), tiny_model_dir, mixed_batch)
+
+
+def assert_same_update(result, reference):
+    logp, metrics, states = result
+    ref_logp, ref_metrics, ref_states = reference
+    assert torch.allclose(logp, ref_logp, atol=1e-5, rtol=0), float((logp - ref_logp).abs().max())
+    for m in metrics:
+        assert m == metrics[0]  # reduced over ranks: identical everywhere
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/ppo_kl"):
+            assert m[key] == pytest.approx(ref_metrics[0][key], rel=1e-5, abs=1e-7), key
+    for state in states:
+        for name, tensor in ref_states[0].items():
+            diff = float((state[name] - tensor).abs().max())
+            assert diff <= 1e-2 * LR, f"{name}: {diff}"
+
+
+@pytest.mark.parametrize("vision,llm", COMBOS)
+def test_two_ranks_match_one_for_every_layout(groups, base_cfg, tiny_model_dir, mixed_batch, reference,
+                                              vision, llm):
+    result = one_update(groups[1], configure(base_cfg, vision, llm), tiny_model_dir, mixed_batch)
+    assert_same_update(result, reference)
+    report = groups[1].layout_report()
+    sharded_parts = (vision != "replicate") + (llm != "replicate")
+    assert (report[0]["sharded"] > 0) == (sharded_parts > 0)
+    assert (report[0]["replicated"] > 0) == (sharded_parts < 2)
+
+
+def test_one_rank_fsdp_matches_replicated(groups, base_cfg, tiny_model_dir, mixed_batch, reference):
+    result = one_update(groups[0], configure(base_cfg, "fsdp", "fsdp"), tiny_model_dir, mixed_batch)
+    assert_same_update(result, reference)
+
+
+def test_the_update_moves_the_weights(groups, base_cfg, tiny_model_dir, reference):
+    groups[0].init_model(configure(base_cfg, "replicate", "replicate"), str(tiny_model_dir), False)
+    initial = groups[0].full_state_dict()[0]
+    after = reference[2][0]
+    moved = max(float((after[n] - t).abs().max()) for n, t in initial.items())
+    assert moved > 0.5 * LR  # an lr-sized step: the 1e-2 * lr tolerance above is far below it
+
+
+@pytest.mark.parametrize("vision", ["replicate", "fsdp"])
+def test_frozen_vision_is_bit_identical_and_has_no_optimizer_state(groups, base_cfg, tiny_model_dir,
+                                                                   mixed_batch, vision):
+    group = groups[1]
+    cfg = configure(base_cfg, vision, "fsdp", freeze=True)
+    group.init_model(cfg, str(tiny_model_dir), False)
+    before = group.full_state_dict("vision")[0]
+    llm_before = group.full_state_dict("llm")[0]
+    batch = mixed_batch.union(group.compute_log_probs(mixed_batch))
+    group.update_actor(batch)
+    after = group.full_state_dict("vision")
+    assert before and all(torch.equal(before[k], state[k]) for state in after for k in before)
+    llm_after = group.full_state_dict("llm")[0]
+    assert any(not torch.equal(llm_before[k], llm_after[k]) for k in llm_before)
+    for report in group.layout_report():
+        assert report["vision_params_with_optimizer_state"] == 0
+        assert report["vision_params_with_grad"] == 0
+        assert report["params_with_optimizer_state"] > 0
+
+
+def test_sharded_rollout_gets_full_weights_and_frees_them(groups, base_cfg, tiny_model_dir):
+    """Hybrid engine handoff: gathered weights before the rollout, freed after; log-probs match training."""
+    from mmrl.trainer.prompts import load_rows, rows_to_batch
+
+    group = groups[1]
+    group.init_model(configure(base_cfg, "fsdp", "fsdp"), str(tiny_model_dir), False)
+    prompts = rows_to_batch(load_rows(base_cfg.data.dir, "train", limit=3))  # 3 prompts over 2 ranks
+    samples = group.generate(prompts, SamplingParams(n=2, max_new_tokens=6))
+    assert len(samples) == 6
+    assert all(r["rollout_params_held"] == 0 for r in group.layout_report())
+    batch = prompts.repeat(2).union(samples)
+    batch = batch.union(group.compute_log_probs(batch))
+    diff = (batch["old_log_probs"] - batch["rollout_log_probs"]).abs() * batch["response_mask"]
+    assert float(diff.max()) < 1e-4
