@@ -1,6 +1,7 @@
 # mmrl: one target per stage. Every target creates the virtual environment when it is missing.
 #   make demo            model -> data -> sft -> rl -> eval on the embedded defaults
 #   make test            unit + integration tests
+#   make bench           step time and peak memory of the worker layouts (N=1 vs N=2, vision/llm strategies)
 #   make rl CONFIG=configs/grpo_image.yaml ARGS="rollout.n=8 actor.lr=1e-4"
 
 PYTHON      ?= python3
@@ -18,10 +19,10 @@ PIP   := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.mmrl-installed
 STAGE := $(PY) -m pipelines
 
-.PHONY: install model data sft rl eval demo test test-unit test-integration ui clean help
+.PHONY: install model data sft rl eval demo bench test test-unit test-integration ui clean help
 
 help:
-	@sed -n '1,5p' Makefile
+	@sed -n '1,6p' Makefile
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,6 +51,10 @@ eval: $(STAMP)
 
 demo: $(STAMP)
 	$(STAGE).demo --config $(CONFIG) $(ARGS)
+
+# A benchmark, not a test: step time and peak worker memory per layout (about 3 min on 2 cores).
+bench: $(STAMP)
+	$(STAGE).bench --config configs/bench.yaml $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest tests -q $(PYTEST_ARGS)

@@ -17,7 +17,7 @@ from mmrl.controller import Dispatch, Worker, register
 from mmrl.models.encoding import collate
 from mmrl.models.forward import ValueModel
 from mmrl.models.loading import load_model, load_processor, vision_module
-from mmrl.parallel.sharding import Layout, shard_parts
+from mmrl.parallel.sharding import Layout, full_state, shard_parts
 from mmrl.protocol import Batch
 from mmrl.workers.update import AllReduce, DataParallelUpdater
 
@@ -96,6 +96,11 @@ class CriticWorker(Worker):
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """Value-loss epochs over the batch (values = rollout-time values, returns = GAE targets)."""
         return self.updater.update(batch)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Copies of the full parameters of the value model (for tests and checkpoints)."""
+        return {name: t.detach().cpu().clone() for name, t in full_state(self.layout.root)}
 
     @register(Dispatch.ONE_TO_ALL)
     def peak_rss_mb(self) -> float:

@@ -36,9 +36,13 @@ class ActorRolloutRefWorker(Worker):
     """One data-parallel rank of the policy. Methods take and return :class:`Batch` es."""
 
     @register(Dispatch.ONE_TO_ALL)
-    def init_model(self, cfg: Config, checkpoint: str, with_reference: bool | None = None) -> int:
+    def init_model(
+        self, cfg: Config, checkpoint: str, with_reference: bool | None = None, with_rollout: bool = True
+    ) -> int:
         """Load the policy (and the reference when a KL term needs it) from ``checkpoint``; lay them out.
 
+        ``with_reference`` defaults to ``actor.use_kl_loss``; ``with_rollout=False`` builds a trainer-only
+        worker (no rollout engine: ``generate`` and ``save_checkpoint`` are unavailable; for benchmarks).
         Returns the number of parameters of the full model.
         """
         self.cfg = cfg
@@ -51,7 +55,7 @@ class ActorRolloutRefWorker(Worker):
         sharded = "fsdp" in (cfg.actor.vision.strategy, cfg.actor.llm.strategy) or "hsdp" in (
             cfg.actor.vision.strategy, cfg.actor.llm.strategy)
         # Copies are taken before sharding replaces the parameters with their shards.
-        rollout_model = copy.deepcopy(model) if sharded else model
+        rollout_model = copy.deepcopy(model) if sharded and with_rollout else model
         if with_reference is None:
             with_reference = cfg.actor.use_kl_loss
         self.reference: Layout | None = None
@@ -60,8 +64,9 @@ class ActorRolloutRefWorker(Worker):
             self.reference = self._lay_out(reference)
         self.actor = self._lay_out(model)
         self.rollout = HFRolloutEngine(rollout_model, self.processor, self.device, cfg.rollout.micro_batch_size,
-                                       owns_weights=sharded)
-        self.rollout.release()
+                                       owns_weights=sharded) if with_rollout else None
+        if self.rollout is not None:
+            self.rollout.release()
         tokenizer = self.processor.tokenizer
         self.spec = LogProbSpec(
             pad_token_id=tokenizer.pad_token_id,
@@ -79,6 +84,8 @@ class ActorRolloutRefWorker(Worker):
     @contextmanager
     def full_weights(self) -> Iterator[torch.nn.Module]:
         """The policy as one full Hugging Face model, for as long as the block runs (all ranks enter)."""
+        if self.rollout is None:
+            raise RuntimeError("this worker was built with with_rollout=False: it has no rollout engine")
         self.rollout.update_weights(full_state(self.actor.root, PREFIX))
         try:
             yield self.rollout.model
@@ -143,8 +150,14 @@ class ActorRolloutRefWorker(Worker):
             "vision_params_with_optimizer_state": sum(i in vision_ids for i in state_owners),
             "params_with_optimizer_state": len(state_owners),
             "vision_params_with_grad": sum(p.grad is not None for p in vision_module(self.actor.root.model).parameters()),
-            "rollout_params_held": sum(p.numel() for p in self.rollout.model.parameters()) if self.rollout.owns_weights else -1,
+            "rollout_params_held": self._rollout_params_held(),
         }
+
+    def _rollout_params_held(self) -> int:
+        """Elements the rollout engine holds on its own (-1: none of its own, it shares the actor's)."""
+        if self.rollout is None or not self.rollout.owns_weights:
+            return -1
+        return sum(p.numel() for p in self.rollout.model.parameters())
 
     @register(Dispatch.ONE_TO_ALL)
     def peak_rss_mb(self) -> float:

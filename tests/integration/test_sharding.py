@@ -22,6 +22,7 @@ from mmrl.models.encoding import encode_prompt
 from mmrl.models.loading import load_processor
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
+from mmrl.workers.critic import CriticWorker
 from mmrl.workers.hybrid import ActorRolloutRefWorker
 
 LR = 1e-3
@@ -163,3 +164,46 @@ def test_sharded_rollout_gets_full_weights_and_frees_them(groups, base_cfg, tiny
     batch = batch.union(group.compute_log_probs(batch))
     diff = (batch["old_log_probs"] - batch["rollout_log_probs"]).abs() * batch["response_mask"]
     assert float(diff.max()) < 1e-4
+
+
+# ---- the critic ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def critic_groups():
+    one = WorkerGroup(CriticWorker, ResourcePool(1, cpus_per_worker=1, name="c1"), threads=1, device="cpu")
+    two = WorkerGroup(CriticWorker, ResourcePool(2, cpus_per_worker=0.5, name="c2"), threads=1, device="cpu")
+    yield one, two
+    one.shutdown()
+    two.shutdown()
+
+
+def critic_update(group, base_cfg, model_dir, batch, vision: str, llm: str):
+    cfg = copy.deepcopy(base_cfg)
+    cfg.critic.vision = VisionPartConfig(strategy=vision, shard_size=1)
+    cfg.critic.llm = PartConfig(strategy=llm, shard_size=1)
+    cfg.critic.lr, cfg.critic.warmup_steps, cfg.critic.num_mini_batches, cfg.critic.micro_batch_size = LR, 0, 1, 2
+    group.init_model(cfg, str(model_dir))
+    batch = batch.union(group.compute_values(batch))
+    gen = torch.Generator().manual_seed(1)
+    batch.tensors["returns"] = torch.randn(batch["responses"].shape, generator=gen) * batch["response_mask"]
+    metrics = group.update_critic(batch)
+    after = group.compute_values(batch)["values"]
+    return batch["values"], metrics, group.full_state_dict(), after
+
+
+@pytest.mark.parametrize("vision,llm", [("fsdp", "fsdp"), ("replicate", "fsdp"), ("fsdp", "replicate")])
+def test_critic_two_ranks_match_one(critic_groups, base_cfg, tiny_model_dir, mixed_batch, vision, llm):
+    ref_values, ref_metrics, ref_states, ref_after = critic_update(
+        critic_groups[0], base_cfg, tiny_model_dir, mixed_batch, "replicate", "replicate")
+    values, metrics, states, after = critic_update(critic_groups[1], base_cfg, tiny_model_dir, mixed_batch, vision, llm)
+    assert torch.equal(ref_values, torch.zeros_like(ref_values))  # zero-initialised value head
+    assert torch.equal(values, ref_values)
+    for key in ("critic/vf_loss", "critic/grad_norm", "critic/vf_clipfrac"):
+        assert metrics[0][key] == metrics[1][key] == pytest.approx(ref_metrics[0][key], rel=1e-5), key
+    assert ref_metrics[0]["critic/vf_loss"] > 0
+    for state in states:
+        for name, tensor in ref_states[0].items():
+            assert float((state[name] - tensor).abs().max()) <= 1e-2 * LR, name
+    assert torch.allclose(after, ref_after, atol=1e-5)
+    assert float(ref_after.abs().max()) > 0  # the update moved the values

@@ -65,3 +65,21 @@ def test_cli_exits_with_the_message_before_anything_starts(capsys):
     with pytest.raises(SystemExit) as exit_info:
         parse("test", ["--config", "", "rollout.temprature=0.5"])
     assert "did you mean rollout.temperature" in str(exit_info.value.code)
+
+
+def test_part_layouts_are_checked():
+    cfg = load_config(None, ["actor.vision.strategy=fsdp", "actor.llm.strategy=hsdp", "actor.llm.shard_size=2",
+                             "resources.num_workers=4", "critic.vision.freeze=true"])
+    assert (cfg.actor.vision.strategy, cfg.actor.llm.shard_size, cfg.critic.vision.freeze) == ("fsdp", 2, True)
+    with pytest.raises(ConfigError, match="actor.llm.strategy=hsdp needs actor.llm.shard_size dividing"):
+        load_config(None, ["actor.llm.strategy=hsdp", "actor.llm.shard_size=3", "resources.num_workers=4"])
+    with pytest.raises(ConfigError, match="critic.vision.strategy='zero3' is not allowed; allowed values: replicate"):
+        load_config(None, ["critic.vision.strategy=zero3"])
+    with pytest.raises(ConfigError, match="critic.placement='gpu0'"):
+        load_config(None, ["critic.placement=gpu0"])
+
+
+def test_gae_needs_the_critic_and_not_groups():
+    cfg = load_config(None, ["algorithm.adv_estimator=gae", "rollout.n=1"])
+    assert cfg.uses_critic
+    assert not load_config(None, []).uses_critic

@@ -1,0 +1,175 @@
+"""``make bench``: step time and peak memory (RSS of all workers) of the worker layouts.
+
+Runs, each in fresh worker processes (so that every peak is its own):
+
+1. one full GRPO-style step (rollout -> old and reference log-probs -> update) for N=1 and N=2 workers and
+   every vision/llm strategy combination, timed over a few steps after a warm-up;
+2. the peak memory of actor + rollout + reference against the actor alone (log-probs + update only).
+
+Ratios are against the first row of each table, measured in the same command. This is a benchmark, not
+a test: it asserts nothing about speed.
+
+    make bench                     # configs/bench.yaml (an ~11 M parameter tiny model)
+    python -m pipelines.bench --config configs/bench.yaml bench_steps=3
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from mmrl.config import Config, PartConfig, VisionPartConfig
+from mmrl.controller import ResourcePool, WorkerGroup
+from mmrl.controller.session import ensure_ray
+from mmrl.controller.worker import resolve_device
+from mmrl.protocol import Batch
+from mmrl.rollout.base import SamplingParams
+from mmrl.trainer.prompts import PromptLoader, load_rows
+from mmrl.workers.hybrid import ActorRolloutRefWorker
+from pipelines.cli import parse
+
+STEPS = 4
+LAYOUTS = [  # (workers, vision, llm)
+    (1, "replicate", "replicate"),
+    (2, "replicate", "replicate"),
+    (2, "fsdp", "replicate"),
+    (2, "replicate", "fsdp"),
+    (2, "fsdp", "fsdp"),
+    (2, "hsdp", "hsdp"),
+]
+MEMORY = [(1, "replicate", "replicate"), (2, "fsdp", "fsdp")]
+
+
+@dataclass
+class Result:
+    step_s: float
+    peak_rss_mb: list[float]
+
+    @property
+    def total_mb(self) -> float:
+        return sum(self.peak_rss_mb)
+
+
+def ensure_inputs(cfg: Config) -> None:
+    """Build the bench model and data the first time (seconds)."""
+    from data_prep.schema import write_parquet
+    from data_prep.synthetic import build_splits
+    from mmrl.models.tiny import build_tiny_vlm
+    from pipelines.model import task_corpus
+
+    if not (Path(cfg.model.path) / "config.json").is_file():
+        build_tiny_vlm(task_corpus(cfg), cfg.tiny_model, cfg.model.path, cfg.seed)
+    if not (Path(cfg.data.dir) / "train.parquet").is_file():
+        splits = build_splits(cfg.data.tasks, cfg.data.sizes, cfg.seed, cfg.data.image_size, cfg.data.max_count)
+        for split, rows in splits.items():
+            write_parquet(rows, Path(cfg.data.dir) / f"{split}.parquet")
+
+
+def variant(cfg: Config, workers: int, vision: str, llm: str) -> Config:
+    cfg = copy.deepcopy(cfg)
+    cfg.resources.num_workers = workers
+    cfg.actor.vision = VisionPartConfig(strategy=vision, shard_size=1, freeze=cfg.actor.vision.freeze)
+    cfg.actor.llm = PartConfig(strategy=llm, shard_size=1)
+    return cfg
+
+
+def spawn(cfg: Config) -> WorkerGroup:
+    use_gpu = resolve_device(cfg.resources.device).type == "cuda"
+    workers = cfg.resources.num_workers
+    cpus = float(torch.get_num_threads()) if not use_gpu else 1.0
+    pool = ResourcePool(workers, cpus_per_worker=max(cpus / workers, 0.5), use_gpu=use_gpu, name="bench")
+    return WorkerGroup(ActorRolloutRefWorker, pool, threads=max(1, int(cpus // workers)), device=cfg.resources.device)
+
+
+def full_step(group: WorkerGroup, prompts: Batch, params: SamplingParams) -> Batch:
+    """Rollout -> old and reference log-probs -> advantages (random: this measures the system) -> update."""
+    batch = prompts.repeat(params.n).union(group.generate(prompts, params))
+    batch = batch.union(group.compute_log_probs(batch)).union(group.compute_ref_log_probs(batch))
+    batch.tensors["advantages"] = torch.randn(len(batch), 1) * batch["response_mask"]
+    group.update_actor(batch)
+    return batch
+
+
+def time_layout(cfg: Config, prompts: list[Batch], params: SamplingParams) -> Result:
+    group = spawn(cfg)
+    try:
+        group.init_model(cfg, cfg.model.path, True)
+        full_step(group, prompts[0], params)  # warm-up
+        times = []
+        for batch in prompts[1:]:
+            start = time.perf_counter()
+            full_step(group, batch, params)
+            times.append(time.perf_counter() - start)
+        return Result(statistics.median(times), group.peak_rss_mb())
+    finally:
+        group.shutdown()
+
+
+def memory_of(cfg: Config, batch: Batch, prompts: Batch, params: SamplingParams, hybrid: bool) -> Result:
+    """Peak RSS of one step: the hybrid worker (rollout + reference + actor) or the actor alone."""
+    group = spawn(cfg)
+    try:
+        group.init_model(cfg, cfg.model.path, hybrid, hybrid)
+        start = time.perf_counter()
+        if hybrid:
+            full_step(group, prompts, params)
+        else:
+            trainable = batch.union(group.compute_log_probs(batch))
+            group.update_actor(trainable)
+        return Result(time.perf_counter() - start, group.peak_rss_mb())
+    finally:
+        group.shutdown()
+
+
+def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print(f"\n{title}")
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse(__doc__, argv)
+    ensure_inputs(cfg)
+    ensure_ray(cfg.resources)
+    params = SamplingParams(n=cfg.rollout.n, temperature=cfg.rollout.temperature,
+                            max_new_tokens=cfg.rollout.max_new_tokens)
+    loader = iter(PromptLoader(load_rows(cfg.data.dir, "train"), cfg.trainer.prompts_per_step, cfg.seed))
+    prompts = [next(loader) for _ in range(STEPS + 1)]
+
+    timed = {}
+    for layout in tqdm(LAYOUTS, desc="layouts (full steps)"):
+        timed[layout] = time_layout(variant(cfg, *layout), prompts, params)
+    base = timed[LAYOUTS[0]]
+    rows = [[str(n), v, l, f"{r.step_s:.3f}", f"{r.step_s / base.step_s:.2f}x", f"{r.total_mb:.0f}",
+             f"{max(r.peak_rss_mb):.0f}", f"{r.total_mb / base.total_mb:.2f}x"] for (n, v, l), r in timed.items()]
+    print_table(f"One RL step (rollout + old/ref log-probs + update), {len(prompts[0])} prompts x {params.n}, "
+                f"median of {STEPS} after a warm-up",
+                ["N", "vision", "llm", "step s", "vs N=1", "peak RSS MiB (all)", "max/worker", "vs N=1"], rows)
+
+    # A fixed batch for the actor-alone runs: one rollout from the first hybrid run.
+    sample_group = spawn(variant(cfg, 1, "replicate", "replicate"))
+    sample_group.init_model(cfg, cfg.model.path, False)
+    batch = prompts[0].repeat(params.n).union(sample_group.generate(prompts[0], params))
+    batch.tensors["advantages"] = torch.randn(len(batch), 1) * batch["response_mask"]
+    sample_group.shutdown()
+    rows = []
+    for layout in tqdm(MEMORY, desc="memory (actor alone vs hybrid)"):
+        alone = memory_of(variant(cfg, *layout), batch, prompts[0], params, hybrid=False)
+        hybrid = memory_of(variant(cfg, *layout), batch, prompts[0], params, hybrid=True)
+        n, v, l = layout
+        rows.append([str(n), v, l, f"{alone.total_mb:.0f}", f"{hybrid.total_mb:.0f}",
+                     f"{hybrid.total_mb - alone.total_mb:+.0f}", f"{hybrid.total_mb / alone.total_mb:.2f}x"])
+    print_table("Peak RSS of one step, all workers: actor alone (log-probs + update) vs actor + rollout + reference",
+                ["N", "vision", "llm", "actor MiB", "actor+rollout+ref MiB", "difference", "ratio"], rows)
+
+
+if __name__ == "__main__":
+    main()

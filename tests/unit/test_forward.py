@@ -1,0 +1,112 @@
+"""The one-call vision forward, the value model and the rollout engine's weight handoff."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from PIL import Image
+
+from mmrl.models.encoding import collate, encode_prompt
+from mmrl.models.forward import PolicyForward, ValueModel, core_model
+from mmrl.models.loading import load_model, load_processor
+from mmrl.parallel.sharding import full_state
+from mmrl.rollout.base import SamplingParams
+from mmrl.rollout.hf import HFRolloutEngine
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def model_and_processor(tiny_model_dir):
+    torch.manual_seed(0)
+    return load_model(tiny_model_dir), load_processor(tiny_model_dir)
+
+
+def inputs_for(processor, with_image: bool) -> dict[str, torch.Tensor]:
+    images = [Image.new("RGB", (56, 84), (10, 200, 30))] if with_image else []
+    text = "<image>What colour?" if with_image else "Just text."
+    prompt = encode_prompt(processor, [{"role": "user", "content": text}], images)
+    return collate([prompt, prompt], processor.tokenizer.pad_token_id)
+
+
+def test_policy_forward_equals_the_hugging_face_forward(model_and_processor):
+    model, processor = model_and_processor
+    for with_image in (True, False):
+        inputs = inputs_for(processor, with_image)
+        expected = model(**inputs, use_cache=False).logits[:, -3:]
+        got = PolicyForward(model)(inputs, 3)
+        assert torch.allclose(got, expected, atol=1e-5), with_image
+
+
+def test_dummy_vision_call_changes_nothing_but_reaches_the_tower(model_and_processor):
+    """A text-only batch with always_run_vision: same logits, and the backward reaches the vision tower."""
+    model, processor = model_and_processor
+    model = copy.deepcopy(model)
+    inputs = inputs_for(processor, with_image=False)
+    plain = PolicyForward(model)(inputs, 2)
+    calls = []
+    hook = core_model(model).visual.register_forward_hook(lambda *_: calls.append(1))
+    logits = PolicyForward(model, always_run_vision=True)(inputs, 2)
+    hook.remove()
+    assert calls == [1]
+    assert torch.equal(logits, plain)
+    logits.sum().backward()
+    grads = [p.grad for p in core_model(model).visual.parameters()]
+    assert all(g is not None and float(g.abs().max()) == 0.0 for g in grads)
+
+
+def test_images_and_videos_share_one_vision_call(model_and_processor):
+    """Counts tower calls: Hugging Face calls it per modality; PolicyForward once per forward."""
+    model, processor = model_and_processor
+    inputs = inputs_for(processor, with_image=True)
+    calls = []
+    hook = core_model(model).visual.register_forward_hook(lambda *_: calls.append(1))
+    PolicyForward(model)(inputs, 1)
+    hook.remove()
+    assert calls == [1]
+
+
+def test_value_model_aligns_values_with_response_tokens(model_and_processor):
+    model, processor = model_and_processor
+    critic = ValueModel.from_policy(copy.deepcopy(model))
+    inputs = inputs_for(processor, with_image=True)
+    assert torch.equal(critic(inputs, 3), torch.zeros(2, 3))  # the head starts at zero
+    torch.nn.init.normal_(critic.value_head.weight)
+    values = critic(inputs, 3)
+    hidden = critic.backbone(**{k: v for k, v in inputs.items()}, use_cache=False).last_hidden_state
+    expected = critic.value_head(hidden[:, -4:-1]).squeeze(-1)  # states before each of the last 3 tokens
+    assert values.shape == (2, 3) and torch.allclose(values, expected, atol=1e-5)
+
+
+def test_owned_rollout_weights_arrive_then_are_freed(model_and_processor):
+    model, processor = model_and_processor
+    skeleton = copy.deepcopy(model)
+    engine = HFRolloutEngine(skeleton, processor, CPU, owns_weights=True)
+    engine.release()
+    assert sum(p.numel() for p in skeleton.parameters()) == 0
+    prompt = encode_prompt(processor, [{"role": "user", "content": "Just text."}], [])
+    params = SamplingParams(n=2, max_new_tokens=5, temperature=1e-3)
+    count = engine.update_weights(full_state(PolicyForward(model), "model."))
+    assert count == len(dict(model.named_parameters()))
+    torch.manual_seed(0)
+    got = engine.generate([prompt], params)
+    engine.release()
+    assert sum(p.numel() for p in skeleton.parameters()) == 0
+    torch.manual_seed(0)
+    expected = HFRolloutEngine(model, processor, CPU).generate([prompt], params)
+    assert torch.equal(got.responses, expected.responses)
+
+
+def test_update_weights_names_a_wrong_or_missing_tensor(model_and_processor):
+    model, processor = model_and_processor
+    engine = HFRolloutEngine(copy.deepcopy(model), processor, CPU, owns_weights=True)
+    named = list(full_state(PolicyForward(model), "model."))
+    with pytest.raises(ValueError, match="has no parameter 'nope'"):
+        engine.update_weights([("nope", torch.zeros(1))])
+    name, tensor = named[0]
+    with pytest.raises(ValueError, match=name):
+        engine.update_weights([(name, tensor[:1])])
+    with pytest.raises(ValueError, match="were not given"):
+        engine.update_weights(named[:-1])
