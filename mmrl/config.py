@@ -114,7 +114,9 @@ class RolloutConfig:
 
 
 @dataclass(kw_only=True)
-class ActorConfig:
+class UpdateConfig:
+    """What the actor and the critic share: the optimizer, the mini-batch loop and the layout."""
+
     lr: float = 1e-4
     weight_decay: float = 0.0
     warmup_steps: int = 10
@@ -125,39 +127,34 @@ class ActorConfig:
     """Optimizer steps per epoch (the batch is split into this many mini-batches)."""
     micro_batch_size: int = 64
     """Sequences per forward/backward (gradient accumulation inside a mini-batch)."""
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    vision: VisionPartConfig = field(default_factory=VisionPartConfig)
+    """Layout of the vision encoder (for the actor: of the reference too, which follows the actor)."""
+    llm: PartConfig = field(default_factory=PartConfig)
+    """Layout of the language model (embeddings, decoder layers, head)."""
+
+
+@dataclass(kw_only=True)
+class ActorConfig(UpdateConfig):
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     """PPO clip range [1 - low, 1 + high]; DAPO's clip-higher raises ``high``."""
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     """Add a KL(policy || reference) penalty to the loss (needs the reference policy)."""
     kl_loss_coef: float = 0.001
     kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "k3"
-    vision: VisionPartConfig = field(default_factory=VisionPartConfig)
-    """Layout of the vision encoder of the actor (and of the reference, which follows the actor)."""
-    llm: PartConfig = field(default_factory=PartConfig)
-    """Layout of the language model (embeddings, decoder layers, head) of the actor and reference."""
 
 
 @dataclass(kw_only=True)
-class CriticConfig:
+class CriticConfig(UpdateConfig):
     """The value model of PPO: the policy's VLM backbone with a scalar head per token."""
 
+    lr: float = 1e-3
     init: str = ""
     """Checkpoint the backbone starts from; empty = trainer.init (the SFT policy)."""
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    warmup_steps: int = 10
-    grad_clip: float = 1.0
-    ppo_epochs: int = 1
-    num_mini_batches: int = 2
-    micro_batch_size: int = 64
     cliprange_value: float = 0.5
     """Clip range of the value update around the rollout-time values (PPO's clipped value loss)."""
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
-    vision: VisionPartConfig = field(default_factory=VisionPartConfig)
-    llm: PartConfig = field(default_factory=PartConfig)
     placement: Literal["colocate", "separate"] = "colocate"
     """colocate: the critic's ranks share the actor's resource pool (bundles); separate: its own pool."""
 

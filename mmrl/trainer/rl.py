@@ -96,6 +96,8 @@ class RLTrainer:
             print(console_line(step, cfg.steps, metrics, CONSOLE), flush=True)
         path = self.workers.save_checkpoint(str(Path(cfg.out_dir) / "checkpoint"))
         tracker.log_text(path, "checkpoint_path.txt")
+        if self.critic is not None:
+            self.critic.save_checkpoint(str(Path(cfg.out_dir) / "critic"))
         return last_eval
 
     def step(self, prompts: Batch) -> dict[str, float]:

@@ -8,8 +8,10 @@ head per token, initialised from a policy checkpoint (the head starts at zero). 
 from __future__ import annotations
 
 import resource
+from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from mmrl.algos.losses import value_loss
 from mmrl.config import Config, CriticConfig
@@ -96,6 +98,16 @@ class CriticWorker(Worker):
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """Value-loss epochs over the batch (values = rollout-time values, returns = GAE targets)."""
         return self.updater.update(batch)
+
+    @register(Dispatch.RANK_ZERO)
+    def save_checkpoint(self, path: str) -> str:
+        """Write the value model's full weights as ``<path>/value_model.safetensors`` (rank 0 writes)."""
+        state = {name: t.detach().cpu().contiguous() for name, t in full_state(self.layout.root)}
+        if self.rank == 0:
+            folder = Path(path)
+            folder.mkdir(parents=True, exist_ok=True)
+            save_file(state, str(folder / "value_model.safetensors"))
+        return str(path)
 
     @register(Dispatch.ONE_TO_ALL)
     def full_state_dict(self) -> dict[str, torch.Tensor]:

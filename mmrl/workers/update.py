@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from mmrl.config import UpdateConfig
 from mmrl.parallel.grads import clip_grad_norm, sum_replicated_grads
 from mmrl.parallel.sharding import Layout
 from mmrl.protocol import Batch, balanced_sizes
@@ -52,7 +53,7 @@ class DataParallelUpdater:
     metric_names: tuple[str, ...] = ()
     prefix = ""
 
-    def __init__(self, layout: Layout, cfg, device: torch.device, all_reduce: AllReduce) -> None:
+    def __init__(self, layout: Layout, cfg: UpdateConfig, device: torch.device, all_reduce: AllReduce) -> None:
         self.layout, self.cfg, self.device, self.all_reduce = layout, cfg, device, all_reduce
         self.optimizer, self.scheduler = build_optimizer(
             layout.trainable(), cfg.lr, cfg.weight_decay, cfg.warmup_steps

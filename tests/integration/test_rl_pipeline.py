@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
+from safetensors.torch import load_file
 
 from mmrl.controller import ResourcePool, WorkerGroup
 from mmrl.rollout.base import SamplingParams
@@ -96,3 +97,5 @@ def test_ppo_with_a_sharded_critic_runs_end_to_end(tiny_config, tmp_path, placem
     losses = [m.value for m in client.get_metric_history(run.info.run_id, "critic/vf_loss")]
     assert len(losses) == 2 and all(v > 0 for v in losses)  # zero-initialised head vs non-zero returns
     assert (Path(cfg.trainer.out_dir) / "checkpoint" / "config.json").is_file()
+    critic = load_file(str(Path(cfg.trainer.out_dir) / "critic" / "value_model.safetensors"))
+    assert critic["value_head.weight"].shape == (1, 64) and float(critic["value_head.weight"].abs().sum()) > 0

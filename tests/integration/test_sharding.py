@@ -31,15 +31,22 @@ COMBOS = [
     ("fsdp", "replicate"),
     ("replicate", "fsdp"),
     ("fsdp", "fsdp"),
-    ("hsdp", "hsdp"),  # 2 ranks as 2 replicas of a 1-rank shard group: FSDP's replicate-dim all-reduce
+    ("hsdp", "hsdp"),  # shard_size 1: 2 replicas of a 1-rank shard group (FSDP's replicate-dim all-reduce)
     ("hsdp", "fsdp"),
+    ("hsdp2", "hsdp2"),  # shard_size 2: one 2-rank shard group on a 2-D (1, 2) mesh
 ]
+
+
+def part(strategy: str) -> tuple[str, int]:
+    """'hsdp2' -> ('hsdp', 2); other names -> (name, 1)."""
+    return ("hsdp", 2) if strategy == "hsdp2" else (strategy, 1)
 
 
 def configure(cfg, vision: str, llm: str, freeze: bool = False):
     cfg = copy.deepcopy(cfg)
-    cfg.actor.vision = VisionPartConfig(strategy=vision, shard_size=1, freeze=freeze)
-    cfg.actor.llm = PartConfig(strategy=llm, shard_size=1)
+    (vision, vision_shard), (llm, llm_shard) = part(vision), part(llm)
+    cfg.actor.vision = VisionPartConfig(strategy=vision, shard_size=vision_shard, freeze=freeze)
+    cfg.actor.llm = PartConfig(strategy=llm, shard_size=llm_shard)
     cfg.actor.lr, cfg.actor.warmup_steps, cfg.actor.grad_clip = LR, 0, 1.0
     cfg.actor.num_mini_batches, cfg.actor.micro_batch_size = 1, 2
     cfg.actor.use_kl_loss = False
