@@ -60,8 +60,8 @@ def base_cfg(tiny_model_dir, tiny_data_dir):
 
 @pytest.fixture(scope="module")
 def groups(tiny_model_dir):
-    one = WorkerGroup(ActorRolloutRefWorker, ResourcePool(1, cpus_per_worker=1, name="n1"), threads=1, device="cpu")
-    two = WorkerGroup(ActorRolloutRefWorker, ResourcePool(2, cpus_per_worker=0.5, name="n2"), threads=1, device="cpu")
+    one = WorkerGroup(ActorRolloutRefWorker, ResourcePool(1, cpus_per_worker=0.5, name="n1"), threads=1, device="cpu")
+    two = WorkerGroup(ActorRolloutRefWorker, ResourcePool(2, cpus_per_worker=0.25, name="n2"), threads=1, device="cpu")
     yield one, two
     one.shutdown()
     two.shutdown()
@@ -178,8 +178,8 @@ def test_sharded_rollout_gets_full_weights_and_frees_them(groups, base_cfg, tiny
 
 @pytest.fixture(scope="module")
 def critic_groups():
-    one = WorkerGroup(CriticWorker, ResourcePool(1, cpus_per_worker=1, name="c1"), threads=1, device="cpu")
-    two = WorkerGroup(CriticWorker, ResourcePool(2, cpus_per_worker=0.5, name="c2"), threads=1, device="cpu")
+    one = WorkerGroup(CriticWorker, ResourcePool(1, cpus_per_worker=0.5, name="c1"), threads=1, device="cpu")
+    two = WorkerGroup(CriticWorker, ResourcePool(2, cpus_per_worker=0.25, name="c2"), threads=1, device="cpu")
     yield one, two
     one.shutdown()
     two.shutdown()
@@ -214,3 +214,22 @@ def test_critic_two_ranks_match_one(critic_groups, base_cfg, tiny_model_dir, mix
             assert float((state[name] - tensor).abs().max()) <= 1e-2 * LR, name
     assert torch.allclose(after, ref_after, atol=1e-5)
     assert float(ref_after.abs().max()) > 0  # the update moved the values
+
+
+@pytest.mark.parametrize("rank_count,vision,llm", [(1, "replicate", "replicate"), (2, "fsdp", "fsdp"),
+                                                   (2, "replicate", "fsdp")])
+def test_sharded_reference_is_the_initial_policy_and_stays_put(groups, base_cfg, tiny_model_dir, mixed_batch,
+                                                               reference, rank_count, vision, llm):
+    """The reference is laid out like the actor, starts equal to it, and does not move when the actor does."""
+    group = groups[rank_count - 1]
+    cfg = configure(base_cfg, vision, llm)
+    cfg.actor.use_kl_loss = True
+    group.init_model(cfg, str(tiny_model_dir))
+    ref_logp = group.compute_ref_log_probs(mixed_batch)["ref_log_probs"]
+    assert torch.allclose(ref_logp, reference[0], atol=1e-5)  # = the one-rank policy's log-probs
+    batch = mixed_batch.union(group.compute_log_probs(mixed_batch)).union(Batch(tensors={"ref_log_probs": ref_logp}))
+    metrics = group.update_actor(batch)
+    assert metrics[0]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # first update: policy == reference
+    moved = group.compute_log_probs(mixed_batch)["old_log_probs"]
+    assert float((moved - ref_logp).abs().max()) > 1e-4
+    assert torch.equal(group.compute_ref_log_probs(mixed_batch)["ref_log_probs"], ref_logp)
