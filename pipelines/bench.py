@@ -6,6 +6,9 @@ Runs, each in fresh worker processes (so that every peak is its own):
    every vision/llm strategy combination, timed over a few steps after a warm-up;
 2. the peak memory of actor + rollout + reference against the actor alone (log-probs + update only).
 
+Peak memory is each worker's VmHWM over the measured steps only (the window is reset after loading, whose
+transient full copies would otherwise dominate), summed over the workers.
+
 Ratios are against the first row of each table, measured in the same command. This is a benchmark, not
 a test: it asserts nothing about speed.
 
@@ -49,11 +52,17 @@ MEMORY = [(1, "replicate", "replicate"), (2, "fsdp", "fsdp")]
 @dataclass
 class Result:
     step_s: float
+    start_rss_mb: list[float]
     peak_rss_mb: list[float]
 
     @property
     def total_mb(self) -> float:
         return sum(self.peak_rss_mb)
+
+    @property
+    def growth_mb(self) -> float:
+        """What the measured steps added on top of the live memory they started from, all workers."""
+        return sum(self.peak_rss_mb) - sum(self.start_rss_mb)
 
 
 def ensure_inputs(cfg: Config) -> None:
@@ -101,28 +110,32 @@ def time_layout(cfg: Config, prompts: list[Batch], params: SamplingParams) -> Re
     try:
         group.init_model(cfg, cfg.model.path, True)
         full_step(group, prompts[0], params)  # warm-up
+        start_rss = group.reset_peak_rss()  # the steps' peak, not loading's (full copies before sharding)
         times = []
         for batch in prompts[1:]:
             start = time.perf_counter()
             full_step(group, batch, params)
             times.append(time.perf_counter() - start)
-        return Result(statistics.median(times), group.peak_rss_mb())
+        return Result(statistics.median(times), start_rss, group.peak_rss_mb())
     finally:
         group.shutdown()
 
 
 def memory_of(cfg: Config, batch: Batch, prompts: Batch, params: SamplingParams, hybrid: bool) -> Result:
     """Peak RSS of one step: the hybrid worker (rollout + reference + actor) or the actor alone."""
+    cfg = copy.deepcopy(cfg)
+    cfg.actor.use_kl_loss = hybrid  # the actor alone has no reference to be anchored to
     group = spawn(cfg)
     try:
         group.init_model(cfg, cfg.model.path, hybrid, hybrid)
+        start_rss = group.reset_peak_rss()
         start = time.perf_counter()
         if hybrid:
             full_step(group, prompts, params)
         else:
             trainable = batch.union(group.compute_log_probs(batch))
             group.update_actor(trainable)
-        return Result(time.perf_counter() - start, group.peak_rss_mb())
+        return Result(time.perf_counter() - start, start_rss, group.peak_rss_mb())
     finally:
         group.shutdown()
 
@@ -148,11 +161,12 @@ def main(argv: list[str] | None = None) -> None:
     for layout in tqdm(LAYOUTS, desc="layouts (full steps)"):
         timed[layout] = time_layout(variant(cfg, *layout), prompts, params)
     base = timed[LAYOUTS[0]]
-    rows = [[str(n), v, l, f"{r.step_s:.3f}", f"{r.step_s / base.step_s:.2f}x", f"{r.total_mb:.0f}",
-             f"{max(r.peak_rss_mb):.0f}", f"{r.total_mb / base.total_mb:.2f}x"] for (n, v, l), r in timed.items()]
+    rows = [[str(n), v, l, f"{r.step_s:.3f}", f"{r.step_s / base.step_s:.2f}x", f"{sum(r.start_rss_mb):.0f}",
+             f"{r.total_mb:.0f}", f"{max(r.peak_rss_mb):.0f}", f"{r.growth_mb:+.0f}"] for (n, v, l), r in timed.items()]
     print_table(f"One RL step (rollout + old/ref log-probs + update), {len(prompts[0])} prompts x {params.n}, "
-                f"median of {STEPS} after a warm-up",
-                ["N", "vision", "llm", "step s", "vs N=1", "peak RSS MiB (all)", "max/worker", "vs N=1"], rows)
+                f"median of {STEPS} after a warm-up; peak RSS over those steps",
+                ["N", "vision", "llm", "step s", "vs N=1", "live RSS MiB (all)", "peak (all)", "peak/worker",
+                 "step growth"], rows)
 
     # A fixed batch for the actor-alone runs: one rollout from the first hybrid run.
     sample_group = spawn(variant(cfg, 1, "replicate", "replicate"))
@@ -165,10 +179,11 @@ def main(argv: list[str] | None = None) -> None:
         alone = memory_of(variant(cfg, *layout), batch, prompts[0], params, hybrid=False)
         hybrid = memory_of(variant(cfg, *layout), batch, prompts[0], params, hybrid=True)
         n, v, l = layout
-        rows.append([str(n), v, l, f"{alone.total_mb:.0f}", f"{hybrid.total_mb:.0f}",
-                     f"{hybrid.total_mb - alone.total_mb:+.0f}", f"{hybrid.total_mb / alone.total_mb:.2f}x"])
-    print_table("Peak RSS of one step, all workers: actor alone (log-probs + update) vs actor + rollout + reference",
-                ["N", "vision", "llm", "actor MiB", "actor+rollout+ref MiB", "difference", "ratio"], rows)
+        rows.append([str(n), v, l, f"{alone.total_mb:.0f}", f"{alone.growth_mb:+.0f}", f"{hybrid.total_mb:.0f}",
+                     f"{hybrid.growth_mb:+.0f}", f"{hybrid.total_mb / alone.total_mb:.2f}x"])
+    print_table("Peak RSS of one step, all workers (MiB): actor alone (log-probs + update) vs actor + rollout + "
+                "reference; growth = peak minus the live memory the step started from",
+                ["N", "vision", "llm", "actor peak", "actor growth", "hybrid peak", "hybrid growth", "ratio"], rows)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
+import resource
 import socket
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from mmrl.controller.dispatch import Dispatch, register
 
 
 def resolve_device(kind: str = "auto", local_rank: int = 0) -> torch.device:
@@ -16,6 +22,26 @@ def resolve_device(kind: str = "auto", local_rank: int = 0) -> torch.device:
             raise RuntimeError("resources.device=cuda but no CUDA device is visible; use resources.device=auto")
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
+
+
+def rss_mb() -> float:
+    """Current resident memory of this process, MiB (0 where /proc is missing)."""
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def peak_rss_mb() -> float:
+    """VmHWM (peak RSS, resettable through /proc/self/clear_refs) or, elsewhere, ru_maxrss; MiB."""
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 class Worker:
@@ -50,6 +76,26 @@ class Worker:
             dist.init_process_group(
                 backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank, world_size=self.world_size
             )
+
+    @register(Dispatch.ONE_TO_ALL)
+    def peak_rss_mb(self) -> float:
+        """Peak resident memory of this worker process (since start or the last reset), MiB."""
+        return peak_rss_mb()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def reset_peak_rss(self) -> float:
+        """Start a new peak-memory window (Linux) and return the resident memory it starts from, MiB.
+
+        Freed heap is first handed back to the OS (glibc ``malloc_trim``), so that the start is the live
+        memory rather than what loading once touched.
+        """
+        gc.collect()
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pass
+        return rss_mb()
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, in place; a no-op for one rank."""

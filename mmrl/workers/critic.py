@@ -7,7 +7,6 @@ head per token, initialised from a policy checkpoint (the head starts at zero). 
 
 from __future__ import annotations
 
-import resource
 from pathlib import Path
 
 import torch
@@ -113,7 +112,3 @@ class CriticWorker(Worker):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Copies of the full parameters of the value model (for tests and checkpoints)."""
         return {name: t.detach().cpu().clone() for name, t in full_state(self.layout.root)}
-
-    @register(Dispatch.ONE_TO_ALL)
-    def peak_rss_mb(self) -> float:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

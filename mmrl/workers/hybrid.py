@@ -10,7 +10,6 @@ and frees them after it.
 from __future__ import annotations
 
 import copy
-import resource
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -158,8 +157,3 @@ class ActorRolloutRefWorker(Worker):
         if self.rollout is None or not self.rollout.owns_weights:
             return -1
         return sum(p.numel() for p in self.rollout.model.parameters())
-
-    @register(Dispatch.ONE_TO_ALL)
-    def peak_rss_mb(self) -> float:
-        """Peak resident memory of this worker process so far, MiB."""
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
