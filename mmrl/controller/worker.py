@@ -24,24 +24,25 @@ def resolve_device(kind: str = "auto", local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
-def rss_mb() -> float:
-    """Current resident memory of this process, MiB (0 where /proc is missing)."""
+def _status_mb(field: str) -> float | None:
+    """A memory field of /proc/self/status (e.g. VmRSS, VmHWM) in MiB; None where /proc is missing."""
     status = Path("/proc/self/status")
     if status.is_file():
         for line in status.read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
-    return 0.0
+    return None
+
+
+def rss_mb() -> float:
+    """Current resident memory of this process, MiB (0 where /proc is missing)."""
+    return _status_mb("VmRSS") or 0.0
 
 
 def peak_rss_mb() -> float:
     """VmHWM (peak RSS, resettable through /proc/self/clear_refs) or, elsewhere, ru_maxrss; MiB."""
-    status = Path("/proc/self/status")
-    if status.is_file():
-        for line in status.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = _status_mb("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 class Worker:
