@@ -86,9 +86,13 @@ class PolicyForward(nn.Module):
         self.model = model
         self.always_run_vision = always_run_vision
 
+    @property
+    def core(self) -> nn.Module:
+        return core_model(self.model)
+
     def forward(self, inputs: dict[str, torch.Tensor], logits_to_keep: int) -> torch.Tensor:
         """inputs: collated (B, L) ids/masks and media -> logits (B, logits_to_keep, V)."""
-        media, anchor = encode_media(core_model(self.model), inputs, self.always_run_vision)
+        media, anchor = encode_media(self.core, inputs, self.always_run_vision)
         out = self.model(**text_inputs(inputs), mm_encoder_outputs=media or None,
                          logits_to_keep=logits_to_keep, use_cache=False)
         return out.logits if anchor is None else out.logits + anchor
@@ -108,6 +112,10 @@ class ValueModel(nn.Module):
         self.always_run_vision = always_run_vision
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
+
+    @property
+    def core(self) -> nn.Module:
+        return self.backbone
 
     @classmethod
     def from_policy(cls, model: nn.Module) -> ValueModel:

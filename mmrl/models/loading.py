@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
+from mmrl.models.forward import core_model
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -35,10 +37,7 @@ def load_processor(path: str | Path) -> Any:
 
 def vision_module(model: torch.nn.Module) -> torch.nn.Module:
     """The vision encoder (with its merger) of a Qwen2/2.5-VL style model."""
-    for owner in (model, getattr(model, "model", None)):
-        if owner is not None and hasattr(owner, "visual"):
-            return owner.visual
-    raise ValueError(f"{type(model).__name__} has no vision encoder at .visual or .model.visual")
+    return core_model(model).visual
 
 
 def save_checkpoint(model: torch.nn.Module, processor: Any, path: str | Path) -> Path:

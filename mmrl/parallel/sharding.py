@@ -29,7 +29,6 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from mmrl.config import PartConfig
-from mmrl.models.forward import core_model
 
 _MESHES: dict[tuple[str, tuple[int, ...]], DeviceMesh] = {}
 
@@ -69,13 +68,15 @@ class Layout:
 
 
 def shard_parts(root: nn.Module, vision: PartConfig, llm: PartConfig, world_size: int, device: torch.device) -> Layout:
-    """Apply ``vision`` and ``llm`` layouts to ``root`` in place (its ``.model``/``.backbone`` is the VLM).
+    """Apply ``vision`` and ``llm`` layouts to ``root`` in place.
+
+    ``root`` is a :class:`~mmrl.models.forward.PolicyForward` or :class:`~mmrl.models.forward.ValueModel`
+    (its ``.core`` is the VLM, its ``.always_run_vision`` is set here).
 
     Must run on every rank with the same arguments. A frozen part keeps ``requires_grad=False`` and so
     gets no gradients and no optimizer state.
     """
-    core = core_model(getattr(root, "model", None) or root.backbone)
-    visual, layers = core.visual, core.language_model.layers
+    visual, layers = root.core.visual, root.core.language_model.layers
     if vision.strategy != "replicate":
         mesh = device_mesh(vision, world_size, device)
         for block in visual.blocks:
@@ -91,8 +92,7 @@ def shard_parts(root: nn.Module, vision: PartConfig, llm: PartConfig, world_size
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
-    if hasattr(root, "always_run_vision"):
-        root.always_run_vision = vision.strategy != "replicate"
+    root.always_run_vision = vision.strategy != "replicate"
     layout = Layout(root=root, vision=vision, llm=llm)
     for p in root.parameters():
         if p.requires_grad:

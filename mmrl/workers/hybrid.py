@@ -51,8 +51,7 @@ class ActorRolloutRefWorker(Worker):
         if cfg.actor.vision.freeze:
             vision_module(model).requires_grad_(False)
         num_params = sum(p.numel() for p in model.parameters())
-        sharded = "fsdp" in (cfg.actor.vision.strategy, cfg.actor.llm.strategy) or "hsdp" in (
-            cfg.actor.vision.strategy, cfg.actor.llm.strategy)
+        sharded = any(part.strategy != "replicate" for part in (cfg.actor.vision, cfg.actor.llm))
         # Copies are taken before sharding replaces the parameters with their shards.
         rollout_model = copy.deepcopy(model) if sharded and with_rollout else model
         if with_reference is None:
