@@ -22,32 +22,38 @@ Each row has these columns:
 
 from __future__ import annotations
 
+import functools
 import io
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
-import pyarrow.parquet as pq
 from PIL import Image
+
+if TYPE_CHECKING:
+    import datasets
 
 IMAGE_PLACEHOLDER = "<image>"
 
-FEATURES = datasets.Features(
-    {
-        "id": datasets.Value("string"),
-        "messages": datasets.List(
-            {"role": datasets.Value("string"), "content": datasets.Value("string")}
-        ),
-        "images": datasets.List(datasets.Value("binary")),
-        "answer": datasets.Value("string"),
-        "data_source": datasets.Value("string"),
-        "extra": datasets.Value("string"),
-    }
-)
+COLUMNS: tuple[str, ...] = ("id", "messages", "images", "answer", "data_source", "extra")
 
-COLUMNS: tuple[str, ...] = tuple(FEATURES)
+
+@functools.cache
+def features() -> datasets.Features:
+    """The parquet schema as ``datasets.Features`` (imported on first use: ``datasets`` takes ~2 s to load)."""
+    import datasets
+
+    return datasets.Features(
+        {
+            "id": datasets.Value("string"),
+            "messages": datasets.List({"role": datasets.Value("string"), "content": datasets.Value("string")}),
+            "images": datasets.List(datasets.Value("binary")),
+            "answer": datasets.Value("string"),
+            "data_source": datasets.Value("string"),
+            "extra": datasets.Value("string"),
+        }
+    )
 
 
 def make_row(
@@ -69,9 +75,9 @@ def make_row(
     }
 
 
-def count_placeholders(row: Mapping[str, Any]) -> int:
-    """Number of ``<image>`` placeholders over all messages of a row."""
-    return sum(m["content"].count(IMAGE_PLACEHOLDER) for m in row["messages"])
+def count_placeholders(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Number of ``<image>`` placeholders over the string contents of ``messages``."""
+    return sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages if isinstance(m["content"], str))
 
 
 def validate_row(row: Mapping[str, Any]) -> None:
@@ -80,9 +86,9 @@ def validate_row(row: Mapping[str, Any]) -> None:
     missing = [c for c in COLUMNS if c not in row]
     if missing:
         raise ValueError(f"row {row_id!r} lacks columns {missing}; every row needs {list(COLUMNS)}")
-    if count_placeholders(row) != len(row["images"]):
+    if count_placeholders(row["messages"]) != len(row["images"]):
         raise ValueError(
-            f"row {row_id!r} has {count_placeholders(row)} {IMAGE_PLACEHOLDER} placeholders "
+            f"row {row_id!r} has {count_placeholders(row['messages'])} {IMAGE_PLACEHOLDER} placeholders "
             f"but {len(row['images'])} images; put exactly one placeholder per image"
         )
     if not isinstance(json.loads(row["extra"]), dict):
@@ -97,10 +103,12 @@ def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> None:
         if row["id"] in seen:
             raise ValueError(f"row id {row['id']!r} occurs twice; ids must be unique")
         seen.add(row["id"])
+    import datasets
+
     if rows:
-        dataset = datasets.Dataset.from_list(rows, features=FEATURES)
+        dataset = datasets.Dataset.from_list(rows, features=features())
     else:  # from_list cannot infer an empty table's columns
-        dataset = datasets.Dataset.from_dict({c: [] for c in COLUMNS}, features=FEATURES)
+        dataset = datasets.Dataset.from_dict({c: [] for c in COLUMNS}, features=features())
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     dataset.to_parquet(str(path))
@@ -112,6 +120,9 @@ def read_parquet(path: str | Path) -> datasets.Dataset:
     Reads through pyarrow rather than ``Dataset.from_parquet`` so no copy is
     left in the datasets cache (a stale cache could hide a rewritten file).
     """
+    import datasets
+    import pyarrow.parquet as pq
+
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"parquet file {path} does not exist; write it first (e.g. with write_parquet)")
@@ -120,7 +131,7 @@ def read_parquet(path: str | Path) -> datasets.Dataset:
     if missing:
         raise ValueError(f"{path} lacks columns {missing}; regenerate it with data_prep.schema.write_parquet")
     dataset = datasets.Dataset(table.select(list(COLUMNS)))
-    return dataset if dataset.features == FEATURES else dataset.cast(FEATURES)
+    return dataset if dataset.features == features() else dataset.cast(features())
 
 
 def decode_image(data: bytes) -> Image.Image:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,11 +21,39 @@ from typing import Any, Literal
 
 import yaml
 
-from mmrl.models.tiny import TinyVLMSpec
-
 
 class ConfigError(ValueError):
     """A config key or value that cannot be used; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The allowed range of a numeric field; ``None`` leaves that side open."""
+
+    gt: float | None = None
+    ge: float | None = None
+    le: float | None = None
+
+    def violation(self, value: float) -> str | None:
+        """What is wrong with ``value`` (NaN and inf included), or None when it is allowed."""
+        if isinstance(value, float) and not math.isfinite(value):
+            return "must be a finite number"
+        if self.gt is not None and not value > self.gt:
+            return f"must be > {self.gt:g}"
+        if self.ge is not None and not value >= self.ge:
+            return f"must be >= {self.ge:g}"
+        if self.le is not None and not value <= self.le:
+            return f"must be <= {self.le:g}"
+        return None
+
+
+def num(default: float, *, gt: float | None = None, ge: float | None = None, le: float | None = None) -> Any:
+    """A numeric config field with its allowed range, checked at load time."""
+    return field(default=default, metadata={"bounds": Bounds(gt=gt, ge=ge, le=le)})
+
+
+# Keys that were renamed: the old spelling gets an error that names the new one.
+RENAMED = {"algorithm.adv_estimator": "algorithm.name (and adv_estimator=gae is now name=ppo)"}
 
 
 @dataclass(kw_only=True)
@@ -37,6 +66,32 @@ class ModelConfig:
     """Attention kernel passed to transformers."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class TinyModelConfig:
+    """Sizes of the tiny Qwen2.5-VL that ``make model`` builds. ``mrope_section`` must sum to head_dim / 2."""
+
+    vocab_size: int = num(384, ge=64)
+    hidden_size: int = num(128, ge=8)
+    num_layers: int = num(3, ge=1)
+    num_heads: int = num(4, ge=1)
+    num_kv_heads: int = num(2, ge=1)
+    intermediate_size: int = num(512, ge=1)
+    vision_depth: int = num(2, ge=1)
+    vision_hidden_size: int = num(64, ge=8)
+    vision_heads: int = num(4, ge=1)
+    patch_size: int = num(14, ge=1)
+    merge_size: int = num(2, ge=1)
+    min_pixels: int = num(28 * 28, ge=1)
+    max_pixels: int = num(112 * 112, ge=1)
+
+    @property
+    def mrope_section(self) -> list[int]:
+        half = self.hidden_size // self.num_heads // 2
+        temporal = half // 4
+        spatial = (half - temporal) // 2
+        return [temporal, spatial, half - temporal - spatial]
+
+
 Strategy = Literal["replicate", "fsdp", "hsdp"]
 
 
@@ -47,7 +102,7 @@ class PartConfig:
     strategy: Strategy = "replicate"
     """replicate: full copy per rank, gradients all-reduced; fsdp: FSDP2 over all ranks; hsdp: FSDP2 within
     groups of ``shard_size`` ranks, replicated across the groups."""
-    shard_size: int = 0
+    shard_size: int = num(0, ge=0)
     """hsdp only: ranks per shard group (must divide resources.num_workers)."""
 
 
@@ -65,14 +120,15 @@ class DataConfig:
     """Synthetic task mix: task name -> fraction (colour, count, shape)."""
     sizes: dict[str, int] = field(default_factory=lambda: {"sft": 48, "train": 2048, "val": 128, "test": 400})
     """Rows per split for the synthetic generator."""
-    image_size: int = 112
+    image_size: int = num(112, ge=1)
     """Side of the synthetic square images, in pixels."""
-    max_count: int = 3
+    max_count: int = num(3, ge=1)
     """Largest number of shapes in the count task."""
-    min_pixels: int = 28 * 28
+    min_pixels: int = num(28 * 28, ge=1)
     """Pixel budget, lower bound, applied to a user's images."""
-    max_pixels: int = 448 * 448
-    """Pixel budget, upper bound, applied to a user's images."""
+    max_pixels: int = num(448 * 448, ge=1)
+    """Pixel budget, upper bound, applied to a user's images (sides are rounded to multiples of the model's
+    patch size times its merge size, read from the processor at ``model.path``)."""
     jsonl: str = ""
     """A user's JSONL of {prompt, image|images, answer}: when set, ``make data`` converts it instead."""
     image_dir: str = ""
@@ -89,27 +145,28 @@ class SFTConfig:
     """The labelled split to train on."""
     out_dir: str = "outputs/sft"
     """Where the checkpoint (``<out_dir>/checkpoint``) is written."""
-    steps: int = 60
-    batch_size: int = 16
-    lr: float = 2e-3
-    weight_decay: float = 0.0
-    warmup_steps: int = 5
-    grad_clip: float = 1.0
+    steps: int = num(60, ge=1)
+    batch_size: int = num(16, ge=1)
+    lr: float = num(2e-3, ge=0)
+    weight_decay: float = num(0.0, ge=0)
+    warmup_steps: int = num(5, ge=0)
+    grad_clip: float = num(1.0, gt=0)
+    """Gradient-norm clip (a very large value turns clipping off)."""
 
 
 @dataclass(kw_only=True)
 class RolloutConfig:
-    engine: Literal["hf", "vllm"] = "hf"
-    """Generation engine: ``hf`` (transformers generate) or ``vllm``."""
-    n: int = 8
+    engine: str = "hf"
+    """Generation engine by name (see ``mmrl.rollout.ENGINES``): ``hf`` (transformers generate) or ``vllm``."""
+    n: int = num(8, ge=1)
     """Responses sampled per prompt."""
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    temperature: float = num(1.0, gt=0)
+    top_p: float = num(1.0, gt=0, le=1)
+    top_k: int = num(0, ge=0)
     """0 disables top-k."""
-    max_new_tokens: int = 16
+    max_new_tokens: int = num(16, ge=1)
     """Response length limit, in tokens."""
-    micro_batch_size: int = 64
+    micro_batch_size: int = num(64, ge=1)
     """Sequences per generate call."""
 
 
@@ -117,15 +174,16 @@ class RolloutConfig:
 class UpdateConfig:
     """What the actor and the critic share: the optimizer, the mini-batch loop and the layout."""
 
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    warmup_steps: int = 10
-    grad_clip: float = 1.0
-    ppo_epochs: int = 1
+    lr: float = num(1e-4, ge=0)
+    weight_decay: float = num(0.0, ge=0)
+    warmup_steps: int = num(10, ge=0)
+    grad_clip: float = num(1.0, gt=0)
+    """Gradient-norm clip (a very large value turns clipping off)."""
+    ppo_epochs: int = num(1, ge=1)
     """Passes over each step's batch."""
-    num_mini_batches: int = 2
+    num_mini_batches: int = num(2, ge=1)
     """Optimizer steps per epoch (the batch is split into this many mini-batches)."""
-    micro_batch_size: int = 64
+    micro_batch_size: int = num(64, ge=1)
     """Sequences per forward/backward (gradient accumulation inside a mini-batch)."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     vision: VisionPartConfig = field(default_factory=VisionPartConfig)
@@ -136,13 +194,16 @@ class UpdateConfig:
 
 @dataclass(kw_only=True)
 class ActorConfig(UpdateConfig):
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
+    policy_loss: str = ""
+    """Policy loss by name (see ``mmrl.algos.losses.POLICY_LOSSES``); empty: the algorithm's own."""
+    clip_ratio_low: float = num(0.2, gt=0, le=1)
+    clip_ratio_high: float = num(0.2, gt=0, le=1)
     """PPO clip range [1 - low, 1 + high]; DAPO's clip-higher raises ``high``."""
-    entropy_coeff: float = 0.0
+    entropy_coeff: float = num(0.0, ge=0)
+    """Weight of the entropy bonus in the policy loss."""
     use_kl_loss: bool = False
     """Add a KL(policy || reference) penalty to the loss (needs the reference policy)."""
-    kl_loss_coef: float = 0.001
+    kl_loss_coef: float = num(0.001, ge=0)
     kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "k3"
 
 
@@ -150,10 +211,10 @@ class ActorConfig(UpdateConfig):
 class CriticConfig(UpdateConfig):
     """The value model of PPO: the policy's VLM backbone with a scalar head per token."""
 
-    lr: float = 1e-3
+    lr: float = num(1e-3, ge=0)
     init: str = ""
     """Checkpoint the backbone starts from; empty = trainer.init (the SFT policy)."""
-    cliprange_value: float = 0.5
+    cliprange_value: float = num(0.5, gt=0)
     """Clip range of the value update around the rollout-time values (PPO's clipped value loss)."""
     placement: Literal["colocate", "separate"] = "colocate"
     """colocate: the critic's ranks share the actor's resource pool (bundles); separate: its own pool."""
@@ -161,25 +222,34 @@ class CriticConfig(UpdateConfig):
 
 @dataclass(kw_only=True)
 class AlgorithmConfig:
-    adv_estimator: str = "grpo"
-    """Advantage estimator by name (see ``mmrl.algos.advantages.ESTIMATORS``)."""
+    name: str = "grpo"
+    """The RL algorithm by name (see ``mmrl.algos.ALGORITHMS``): grpo, rloo, ppo."""
     norm_adv_by_std: bool = True
     """GRPO: divide by the group's standard deviation (False gives Dr. GRPO)."""
-    epsilon: float = 1e-6
-    gamma: float = 1.0
-    """GAE discount (adv_estimator=gae)."""
-    lam: float = 1.0
-    """GAE lambda (adv_estimator=gae)."""
+    epsilon: float = num(1e-6, gt=0)
+    """Added to the group's standard deviation before dividing by it."""
+    gamma: float = num(1.0, ge=0, le=1)
+    """GAE discount (ppo)."""
+    lam: float = num(1.0, ge=0, le=1)
+    """GAE lambda (ppo)."""
 
 
 @dataclass(kw_only=True)
 class RewardConfig:
+    type: str = "function"
+    """The reward stage by name (see ``mmrl.trainer.reward_stage.REWARD_STAGES``): ``function`` runs reward
+    functions (registered names, plugins, files)."""
     function: str = "answer_match"
     """A registered reward name, or ``path/to/file.py:function``."""
     weights: dict[str, float] = field(default_factory=dict)
     """When set, the reward is the weighted sum of these registered rewards (``function`` is then ignored)."""
-    timeout_s: float = 10.0
+    timeout_s: float = num(10.0, gt=0)
     """A reward call that takes longer scores 0 and is counted."""
+    verifier: str = "answer_match"
+    """The verifier that decides whether a response is correct (val/test accuracy, ``train/acc``): a
+    registered reward name or ``path/to/file.py:function`` returning 1 for correct."""
+    verifiers: dict[str, str] = field(default_factory=dict)
+    """Per ``data_source`` verifiers that replace ``verifier`` for that source."""
 
 
 @dataclass(kw_only=True)
@@ -188,11 +258,11 @@ class TrainerConfig:
     """Checkpoint the RL run starts from."""
     out_dir: str = "outputs/rl"
     """Where the final checkpoint (``<out_dir>/checkpoint``) is written."""
-    steps: int = 100
-    prompts_per_step: int = 16
-    eval_every: int = 25
+    steps: int = num(100, ge=1)
+    prompts_per_step: int = num(16, ge=1)
+    eval_every: int = num(25, ge=0)
     """Evaluate on the val split every this many steps (0: only at the end)."""
-    val_size: int = 128
+    val_size: int = num(128, ge=1)
     """Val prompts per evaluation."""
     experiment: str = "mmrl"
     """MLflow experiment name."""
@@ -203,16 +273,16 @@ class TrainerConfig:
 class EvalConfig:
     checkpoint: str = "outputs/rl/checkpoint"
     split: str = "test"
-    batch_size: int = 64
-    max_new_tokens: int = 16
+    batch_size: int = num(64, ge=1)
+    max_new_tokens: int = num(16, ge=1)
     run_name: str = ""
 
 
 @dataclass(kw_only=True)
 class ResourcesConfig:
-    num_workers: int = 1
+    num_workers: int = num(1, ge=1)
     """Workers in the actor/rollout/reference group (data-parallel ranks)."""
-    threads_per_worker: int = 0
+    threads_per_worker: int = num(0, ge=0)
     """torch threads per worker; 0 means the machine's cores divided by the number of workers."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """``auto`` takes a GPU when one is visible."""
@@ -232,10 +302,10 @@ class TrackingConfig:
 
 @dataclass(kw_only=True)
 class Config:
-    seed: int = 0
+    seed: int = num(0, ge=0)
     """The one seed: synthetic data (each split derives its own), model init, SFT and RL sampling."""
     model: ModelConfig = field(default_factory=ModelConfig)
-    tiny_model: TinyVLMSpec = field(default_factory=TinyVLMSpec)
+    tiny_model: TinyModelConfig = field(default_factory=TinyModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -248,41 +318,46 @@ class Config:
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
-    @property
-    def uses_critic(self) -> bool:
-        """PPO with GAE needs a value model; the outcome estimators (GRPO, RLOO) do not."""
-        return self.algorithm.adv_estimator == "gae"
-
     def validate(self) -> None:
-        """Cross-field checks, each naming the keys involved."""
-        _positive(self, ["rollout.n", "rollout.max_new_tokens", "trainer.steps", "trainer.prompts_per_step",
-                         "actor.ppo_epochs", "actor.num_mini_batches", "actor.micro_batch_size",
-                         "resources.num_workers", "sft.batch_size", "eval.batch_size"])
-        from mmrl.algos.advantages import ESTIMATORS
+        """Cross-field checks, each naming the keys involved (single values are checked by their bounds)."""
+        # Imported here: the tables' modules import this one for their config types.
+        from mmrl.algos import ALGORITHMS, POLICY_LOSSES
+        from mmrl.rollout import ENGINES
+        from mmrl.trainer.reward_stage import REWARD_STAGES
 
-        allowed = sorted([*ESTIMATORS, "gae"])
-        if self.algorithm.adv_estimator not in allowed:
-            raise ConfigError(
-                f"algorithm.adv_estimator={self.algorithm.adv_estimator!r} is unknown; allowed: {', '.join(allowed)}"
-            )
+        _known("algorithm.name", self.algorithm.name, ALGORITHMS)
+        algorithm = ALGORITHMS[self.algorithm.name]
+        _known("actor.policy_loss", self.actor.policy_loss or algorithm.policy_loss, POLICY_LOSSES)
+        _known("reward.type", self.reward.type, REWARD_STAGES)
+        _known("rollout.engine", self.rollout.engine, ENGINES)
+        if self.rollout.n < algorithm.min_group_size:
+            raise ConfigError(f"rollout.n={self.rollout.n}: {self.algorithm.name} compares the responses of one "
+                              f"prompt, so it needs rollout.n >= {algorithm.min_group_size}")
         for name in ("actor.vision", "actor.llm", "critic.vision", "critic.llm"):
             _check_part(self, name)
-        if self.algorithm.adv_estimator in ("grpo", "rloo") and self.rollout.n < 2:
-            raise ConfigError(f"rollout.n={self.rollout.n}: {self.algorithm.adv_estimator} compares the "
-                              "responses of one prompt, so it needs rollout.n >= 2")
-        if not 0 < self.rollout.top_p <= 1:
-            raise ConfigError(f"rollout.top_p={self.rollout.top_p} must be in (0, 1]")
-        if self.rollout.temperature <= 0:
-            raise ConfigError(f"rollout.temperature={self.rollout.temperature} must be > 0 (greedy is for eval)")
         samples = self.trainer.prompts_per_step * self.rollout.n
-        if samples < self.actor.num_mini_batches * self.resources.num_workers:
-            raise ConfigError(
-                f"trainer.prompts_per_step * rollout.n = {samples} samples cannot fill actor.num_mini_batches="
-                f"{self.actor.num_mini_batches} mini-batches on each of resources.num_workers="
-                f"{self.resources.num_workers} workers; lower actor.num_mini_batches"
-            )
-        if self.rollout.engine == "vllm":
-            raise ConfigError("rollout.engine=vllm is not implemented yet; use rollout.engine=hf")
+        for section in ("actor", "critic"):
+            mini = getattr(self, section).num_mini_batches
+            if samples < mini * self.resources.num_workers:
+                raise ConfigError(
+                    f"trainer.prompts_per_step * rollout.n = {samples} samples cannot fill {section}.num_mini_batches="
+                    f"{mini} mini-batches on each of resources.num_workers={self.resources.num_workers} workers; "
+                    f"lower {section}.num_mini_batches"
+                )
+        if self.data.min_pixels > self.data.max_pixels:
+            raise ConfigError(f"data.min_pixels={self.data.min_pixels} exceeds data.max_pixels={self.data.max_pixels}")
+        for key, mapping in (("data.tasks", self.data.tasks), ("data.sizes", self.data.sizes)):
+            bad = {k: v for k, v in mapping.items() if not (math.isfinite(v) and v >= 0)}
+            if bad:
+                raise ConfigError(f"{key} values must be finite and >= 0, got {bad}")
+        bad_weights = {k: v for k, v in self.reward.weights.items() if not math.isfinite(v)}
+        if bad_weights:
+            raise ConfigError(f"reward.weights values must be finite numbers, got {bad_weights}")
+
+
+def _known(key: str, value: str, table: dict[str, Any]) -> None:
+    if value not in table:
+        raise ConfigError(f"{key}={value!r} is unknown; allowed: {', '.join(sorted(table))}")
 
 
 def _check_part(cfg: Config, name: str) -> None:
@@ -294,14 +369,6 @@ def _check_part(cfg: Config, name: str) -> None:
             f"{name}.strategy=hsdp needs {name}.shard_size dividing resources.num_workers={workers}, "
             f"got {spec.shard_size}"
         )
-
-
-def _positive(cfg: Config, keys: list[str]) -> None:
-    for key in keys:
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        if value <= 0:
-            raise ConfigError(f"{key}={value} must be a positive number")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -344,7 +411,7 @@ def _deep_merge(into: dict[str, Any], new: dict[str, Any]) -> None:
 
 def _is_leaf_mapping(key: str) -> bool:
     # Mapping-valued fields (task mixes, reward weights) are replaced whole, not merged key by key.
-    return key in {"tasks", "sizes", "weights"}
+    return key in {"tasks", "sizes", "weights", "verifiers"}
 
 
 def _apply_override(raw: dict[str, Any], item: str) -> None:
@@ -369,11 +436,25 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     unknown = [k for k in raw if k not in fields]
     if unknown:
         key = unknown[0]
+        if f"{prefix}{key}" in RENAMED:
+            raise ConfigError(f"{prefix}{key} was renamed: use {RENAMED[prefix + key]}")
         close = difflib.get_close_matches(key, fields, n=1)
         hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
         raise ConfigError(f"unknown key {prefix}{key}{hint}; allowed keys in {where}: {', '.join(fields)}")
     kwargs = {name: _coerce(hints[name], value, f"{prefix}{name}") for name, value in raw.items()}
-    return cls(**kwargs)
+    built = cls(**kwargs)
+    _check_bounds(built, prefix)
+    return built
+
+
+def _check_bounds(obj: Any, prefix: str) -> None:
+    """Every bounded numeric field of ``obj`` (given or default) lies in its range."""
+    for f in dataclasses.fields(obj):
+        bounds = f.metadata.get("bounds")
+        value = getattr(obj, f.name)
+        problem = bounds.violation(value) if bounds is not None else None
+        if problem:
+            raise ConfigError(f"{prefix}{f.name}={value!r} {problem}")
 
 
 def _coerce(tp: Any, value: Any, key: str) -> Any:

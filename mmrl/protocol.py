@@ -6,7 +6,7 @@ A Batch holds, for B samples:
 - ``objects``: per-sample Python objects in lists of length B (prompt encodings, ground truths, uids).
   Samples of one prompt hold the *same* object, so a prompt's media is pickled once however many
   responses point at it;
-- ``meta``: batch-wide values (the step, flags such as ``greedy``), copied by every operation.
+- ``meta``: batch-wide values, copied by every operation (for a user's own flags: the framework sets none).
 
 The keys the framework uses are listed in :data:`KNOWN_KEYS` with their shapes; a worker asks for what
 it needs with :meth:`Batch.require`, which names the missing key and the stage that produces it.
@@ -39,7 +39,7 @@ KNOWN_KEYS: dict[str, str] = {
     "ref_log_probs": "tensor (B, R) float32: log-probs of the reference policy",
     "entropy": "tensor (B, R) float32: per-token entropy of the policy",
     # driver
-    "token_level_scores": "tensor (B, R) float32: the reward, placed on the last response token",
+    "token_level_rewards": "tensor (B, R) float32: the reward stage's score, on the last response token",
     "advantages": "tensor (B, R) float32",
     "values": "tensor (B, R) float32: the critic's V(s_t) before each response token, at rollout time",
     "returns": "tensor (B, R) float32: GAE targets of the value loss (advantages + values)",
@@ -161,12 +161,13 @@ class Batch:
             objects[key] = value
         return Batch(tensors=tensors, objects=objects, meta={**self.meta, **other.meta})
 
-    def pop(self, *keys: str) -> Batch:
-        """A new Batch with only ``keys`` (meta is kept)."""
+    def select_fields(self, *keys: str, optional: Sequence[str] = ()) -> Batch:
+        """A new Batch with only ``keys`` (each required) and those of ``optional`` it has; meta is kept."""
         self.require(*keys)
+        wanted = [*keys, *optional]
         return Batch(
-            tensors={k: self.tensors[k] for k in keys if k in self.tensors},
-            objects={k: self.objects[k] for k in keys if k in self.objects},
+            tensors={k: v for k, v in self.tensors.items() if k in wanted},
+            objects={k: v for k, v in self.objects.items() if k in wanted},
             meta=dict(self.meta),
         )
 

@@ -2,7 +2,8 @@
 
 By default it generates the synthetic visual tasks of ``data.tasks`` with ``data.sizes`` rows per
 split. With ``data.jsonl`` set it converts a user's own JSONL + image folder instead, applying the pixel
-budget and quarantining bad rows (``<data.dir>/<split>.quarantine.jsonl``).
+budget and quarantining bad rows (``<data.dir>/<split>.quarantine.jsonl``); image sides are rounded to
+multiples of the patch size of the processor at ``model.path``, so that checkpoint must exist.
 
     python -m pipelines.data --config configs/demo.yaml seed=1
     python -m pipelines.data data.jsonl=my.jsonl data.image_dir=imgs/ data.split=train
@@ -19,6 +20,7 @@ from data_prep.convert import convert_jsonl
 from data_prep.schema import write_parquet
 from data_prep.synthetic import build_splits
 from mmrl.config import Config
+from mmrl.models.loading import image_patch_factor
 from pipelines.cli import parse
 
 
@@ -36,7 +38,7 @@ def convert(cfg: Config) -> None:
     report = convert_jsonl(
         cfg.data.jsonl, cfg.data.image_dir or Path(cfg.data.jsonl).parent, out / f"{cfg.data.split}.parquet",
         out / f"{cfg.data.split}.quarantine.jsonl", min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels,
-        factor=cfg.tiny_model.patch_size * cfg.tiny_model.merge_size,
+        factor=image_patch_factor(cfg.model.path),
     )
     print(report.summary())
 

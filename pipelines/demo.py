@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mmrl.models.loading import load_model
 from mmrl.models.tiny import build_tiny_vlm, count_parameters
-from mmrl.trainer.eval import run_eval
+from mmrl.trainer.eval_checkpoint import run_eval
 from mmrl.trainer.rl import run_rl
 from mmrl.trainer.sft import run_sft
 from mmrl.tracking import tracking_uri

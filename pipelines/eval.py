@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from mmrl.trainer.eval import run_eval
+from mmrl.trainer.eval_checkpoint import run_eval
 from pipelines.cli import parse
 
 

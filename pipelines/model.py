@@ -14,8 +14,8 @@ from data_prep.synthetic import TASKS, corpus_texts, generate_rows
 from mmrl.config import Config
 from mmrl.models.loading import load_model
 from mmrl.models.tiny import build_tiny_vlm, count_parameters
-from mmrl.trainer.sft import ANSWER_TEMPLATE
 from pipelines.cli import parse
+from rewards import format_answer
 
 
 def task_corpus(cfg: Config, rows_per_task: int = 200) -> Iterator[str]:
@@ -25,7 +25,7 @@ def task_corpus(cfg: Config, rows_per_task: int = 200) -> Iterator[str]:
         for text in corpus_texts(rows):
             yield text
         for row in rows:
-            yield ANSWER_TEMPLATE.format(answer=row["answer"])
+            yield format_answer(row["answer"])
     yield from ["user", "assistant", "system"]
 
 

@@ -1,9 +1,9 @@
-"""Stage ``make rl``: GRPO (or another estimator) on Ray, from ``trainer.init``, tracked in MLflow.
+"""Stage ``make rl``: GRPO (or another algorithm) on Ray, from ``trainer.init``, tracked in MLflow.
 
 One controller (this process) drives the hybrid actor/rollout/reference worker group. Writes
 ``<trainer.out_dir>/checkpoint``.
 
-    python -m pipelines.rl --config configs/demo.yaml algorithm.adv_estimator=grpo rollout.n=8
+    python -m pipelines.rl --config configs/demo.yaml algorithm.name=rloo rollout.n=8
 """
 
 from __future__ import annotations

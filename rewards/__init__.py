@@ -9,9 +9,19 @@ A reward function takes some of the keywords ``response``, ``ground_truth``,
 from rewards.manager import RewardManager, RewardResult
 from rewards.registry import ENTRY_POINT_GROUP, available, load_from_file, register, resolve
 from rewards.types import REWARD_KEYWORDS, RewardFn, RewardInput, accepted_keywords, call_reward_fn
-from rewards.verifiers import answer_match, extract_answer, format_reward, normalize, weighted
+from rewards.verifiers import (
+    ANSWER_TAG,
+    answer_match,
+    by_data_source,
+    extract_answer,
+    format_answer,
+    format_reward,
+    normalize,
+    weighted,
+)
 
 __all__ = [
+    "ANSWER_TAG",
     "ENTRY_POINT_GROUP",
     "REWARD_KEYWORDS",
     "RewardFn",
@@ -21,8 +31,10 @@ __all__ = [
     "accepted_keywords",
     "answer_match",
     "available",
+    "by_data_source",
     "call_reward_fn",
     "extract_answer",
+    "format_answer",
     "format_reward",
     "load_from_file",
     "normalize",

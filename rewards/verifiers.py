@@ -1,4 +1,8 @@
-"""Built-in reward functions for answers written as ``<answer>...</answer>``."""
+"""Built-in reward functions for answers written as ``<answer>...</answer>``.
+
+The answer format is defined here once (:data:`ANSWER_TAG`, :func:`format_answer`): the SFT targets, the
+tiny model's tokenizer corpus and every verifier use it.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,17 @@ from collections.abc import Mapping
 
 from rewards.types import RewardFn, RewardInput, call_reward_fn
 
+ANSWER_TAG = "answer"
+
+
+def format_answer(answer: str) -> str:
+    """The answer in the trained format: ``<answer>{answer}</answer>``."""
+    return f"<{ANSWER_TAG}>{answer}</{ANSWER_TAG}>"
+
+
 # Tags are matched case-insensitively and tolerate spaces, e.g. "< /Answer >".
-_OPEN = r"<\s*answer\s*>"
-_CLOSE = r"<\s*/\s*answer\s*>"
+_OPEN = rf"<\s*{ANSWER_TAG}\s*>"
+_CLOSE = rf"<\s*/\s*{ANSWER_TAG}\s*>"
 # A pair whose content holds no further opening tag: in "<answer><answer>x</answer>" it is the inner one.
 _PAIR = re.compile(rf"{_OPEN}((?:(?!{_OPEN}).)*?){_CLOSE}", re.IGNORECASE | re.DOTALL)
 _ONLY_PAIR = re.compile(rf"{_OPEN}(.*?){_CLOSE}", re.IGNORECASE | re.DOTALL)
@@ -125,3 +137,23 @@ def _resolve_components(components: Mapping[str, float]) -> list[tuple[str, floa
             raise TypeError(f"weighted(): the weight of {name!r} must be a finite number, got {weight!r}")
         parts.append((name, float(weight), resolve(name)))
     return parts
+
+
+def by_data_source(verifiers: Mapping[str, str], default: str) -> RewardFn:
+    """A reward function that scores each sample with the verifier named for its ``data_source``.
+
+    ``verifiers`` maps a data_source to a reward spec (a registered name or ``"path/to/file.py:function"``);
+    a sample from any other source is scored by ``default``.
+    """
+    from rewards.registry import resolve
+
+    table = {source: resolve(spec) for source, spec in verifiers.items()}
+    fallback = resolve(default)
+
+    def dispatch(**kwargs: object) -> dict[str, float]:
+        inp = RewardInput(**kwargs)  # type: ignore[arg-type]
+        return call_reward_fn(table.get(inp.data_source, fallback), inp)
+
+    label = ", ".join(f"{source}={spec}" for source, spec in verifiers.items())
+    dispatch.__name__ = dispatch.__qualname__ = f"by_data_source({label}{', ' if label else ''}default={default})"
+    return dispatch

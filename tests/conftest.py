@@ -11,8 +11,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from data_prep.schema import write_parquet  # noqa: E402
 from data_prep.synthetic import build_splits  # noqa: E402
-from mmrl.config import Config, load_config  # noqa: E402
-from mmrl.models.tiny import TinyVLMSpec, build_tiny_vlm  # noqa: E402
+from mmrl.config import Config, TinyModelConfig, load_config  # noqa: E402
+from mmrl.models.tiny import build_tiny_vlm  # noqa: E402
 from pipelines.model import task_corpus  # noqa: E402
 
 SIZES = {"sft": 16, "train": 64, "val": 16, "test": 16}
@@ -21,7 +21,7 @@ SIZES = {"sft": 16, "train": 64, "val": 16, "test": 16}
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny-model")
-    spec = TinyVLMSpec(hidden_size=64, num_layers=2, intermediate_size=128, vision_hidden_size=32, vision_heads=2)
+    spec = TinyModelConfig(hidden_size=64, num_layers=2, intermediate_size=128, vision_hidden_size=32, vision_heads=2)
     return build_tiny_vlm(task_corpus(Config()), spec, out)
 
 

@@ -1,15 +1,22 @@
-"""Policy losses and KL estimators: pure functions returning ``(loss, metrics)``.
+"""Policy and value losses and KL estimators: pure functions returning ``(loss, metrics)``.
 
 Aggregation (``loss_agg_mode``) follows verl's names:
-- ``token-mean``: sum over all valid tokens / number of valid tokens (``global_tokens`` when given, so
-  that several micro-batches or data-parallel ranks add up to the mean over the whole mini-batch);
+- ``token-mean``: sum over all valid tokens / number of valid tokens;
 - ``seq-mean-token-sum``: per-sequence token sums, averaged over sequences;
 - ``seq-mean-token-mean``: per-sequence token means, averaged over sequences.
+A ``denominator`` replaces the local count (tokens or sequences), so that several micro-batches or
+data-parallel ranks add up to the mean over the whole mini-batch.
+
+``POLICY_LOSSES`` maps ``actor.policy_loss`` names to functions of one signature (:class:`PolicyLoss`).
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
+
+from mmrl.config import ActorConfig
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, denominator: float | None = None) -> torch.Tensor:
@@ -112,3 +119,43 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> to
         kl = torch.exp(neg) - neg - 1
         return kl.clamp(-10, 10) if estimator == "low_var_kl" else kl
     raise ValueError(f"unknown kl estimator {estimator!r}; allowed: k1, k2, k3, low_var_kl")
+
+
+class PolicyLoss(Protocol):
+    def __call__(
+        self,
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        cfg: ActorConfig,
+        denominator: float | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """logp, old_logp, advantages, mask: (B, R) -> (loss, metrics).
+
+        Every metric is a mean over the valid tokens of the batch given (the updater weights it by their
+        number to average over micro-batches and ranks).
+        """
+        ...
+
+
+def ppo_clip(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cfg: ActorConfig,
+    denominator: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """:func:`ppo_clip_loss` with ``actor.clip_ratio_low/high`` and ``actor.loss_agg_mode``; (B, R) inputs."""
+    return ppo_clip_loss(
+        logp, old_logp, advantages, mask, clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high,
+        agg_mode=cfg.loss_agg_mode, denominator=denominator,
+    )
+
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {
+    "ppo_clip": ppo_clip,
+}

@@ -17,7 +17,10 @@ DP_COMPUTE        the first argument, a Batch, is padded to a multiple   Batches
 :func:`split_args` returns the per-rank arguments and a :class:`DispatchPlan` (None outside DP_COMPUTE)
 that :func:`collect` needs to undo the layout.
 
-A worker method opts in with ``@register(Dispatch.X)``; the WorkerGroup binds every such method.
+A worker method opts in with ``@register(Dispatch.X)``; the WorkerGroup binds every such method. A
+DP_COMPUTE method names the Batch fields it reads, ``@register(Dispatch.DP_COMPUTE, fields=(...),
+optional=(...))``: only those travel to the workers (the PNG bytes, texts and ground truths of a step stay
+with the driver), and a missing required field fails in the driver with :meth:`Batch.require`'s message.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ from mmrl.protocol import Batch, sample_tokens
 F = TypeVar("F", bound=Callable[..., Any])
 DISPATCH_ATTR = "_mmrl_dispatch"
 PAD_KEY = "is_pad"
-# Per-token tensors zeroed on padding rows, so that those rows add nothing to token losses or rewards.
-ZEROED_ON_PADDING = ("response_mask", "advantages", "token_level_scores", "token_level_rewards")
+# Per-token tensors zeroed on padding rows, so that those rows add nothing to token losses.
+ZEROED_ON_PADDING = ("response_mask", "advantages")
 
 
 class Dispatch(enum.Enum):
@@ -44,11 +47,31 @@ class Dispatch(enum.Enum):
     DP_COMPUTE = "dp_compute"
 
 
-def register(mode: Dispatch) -> Callable[[F], F]:
-    """Mark a worker method as callable on a whole WorkerGroup with ``mode``."""
+@dataclass(frozen=True)
+class DispatchSpec:
+    """How a registered method is called on a group: its mode and, for DP_COMPUTE, the fields it reads."""
+
+    mode: Dispatch
+    fields: tuple[str, ...] = ()
+    """Batch fields the method needs; only these (and ``optional``) are sent. Empty: the whole Batch."""
+    optional: tuple[str, ...] = ()
+    """Batch fields sent when present."""
+
+    def ship(self, batch: Batch) -> Batch:
+        """The part of ``batch`` this method reads (all of it when no fields are declared)."""
+        if not self.fields:
+            return batch
+        return batch.select_fields(*self.fields, optional=self.optional)
+
+
+def register(mode: Dispatch, *, fields: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """Mark a worker method as callable on a whole WorkerGroup with ``mode`` (see the module table)."""
+    if (fields or optional) and mode is not Dispatch.DP_COMPUTE:
+        raise ValueError(f"fields are declared for DP_COMPUTE methods only, not {mode}")
+    spec = DispatchSpec(mode, tuple(fields), tuple(optional))
 
     def mark(fn: F) -> F:
-        setattr(fn, DISPATCH_ATTR, mode)
+        setattr(fn, DISPATCH_ATTR, spec)
         return fn
 
     return mark
@@ -119,15 +142,21 @@ def plan_dp(batch: Batch, world_size: int) -> tuple[list[Batch], DispatchPlan]:
 
 
 def split_args(
-    mode: Dispatch, world_size: int, args: tuple, kwargs: dict
+    spec: DispatchSpec, world_size: int, args: tuple, kwargs: dict, ship_all_fields: bool = False
 ) -> tuple[list[tuple[tuple, dict]], DispatchPlan | None]:
-    """Per-rank (args, kwargs) for a call, and the plan :func:`collect` needs (None but for DP_COMPUTE)."""
+    """Per-rank (args, kwargs) for a call, and the plan :func:`collect` needs (None but for DP_COMPUTE).
+
+    ``ship_all_fields`` sends the whole Batch even where the method declares its fields (a baseline
+    for ``make bench``).
+    """
+    mode = spec.mode
     if mode in (Dispatch.ONE_TO_ALL, Dispatch.RANK_ZERO):
         return [(args, kwargs)] * world_size, None
     if mode is Dispatch.DP_COMPUTE:
         if not args or not isinstance(args[0], Batch):
             raise TypeError("a DP_COMPUTE method takes a Batch as its first argument")
-        per_rank, plan = plan_dp(args[0], world_size)
+        batch = args[0] if ship_all_fields else spec.ship(args[0])
+        per_rank, plan = plan_dp(batch, world_size)
         return [((part, *args[1:]), kwargs) for part in per_rank], plan
     raise ValueError(f"unknown dispatch mode {mode}")
 

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from PIL import Image
 
-from data_prep.schema import IMAGE_PLACEHOLDER  # the one definition of the placeholder, shared with data prep
+# The one definition of the placeholder and its counter, shared with data prep.
+from data_prep.schema import IMAGE_PLACEHOLDER, count_placeholders
 VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
 
 
@@ -58,10 +59,6 @@ def to_chat_content(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 items.append({"type": "text", "text": text})
         converted.append({"role": message["role"], "content": items})
     return converted
-
-
-def count_placeholders(messages: Sequence[dict[str, Any]]) -> int:
-    return sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages if isinstance(m["content"], str))
 
 
 def encode_prompt(processor: Any, messages: Sequence[dict[str, Any]], images: Sequence[Image.Image]) -> EncodedPrompt:

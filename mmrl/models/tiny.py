@@ -7,7 +7,6 @@ classes (``mmrl.models.loading``), so nothing downstream knows it is tiny.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,6 +19,8 @@ from transformers import (
     Qwen2VLImageProcessor,
     Qwen2VLVideoProcessor,
 )
+
+from mmrl.config import TinyModelConfig
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -42,32 +43,6 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-
-
-@dataclass(frozen=True, kw_only=True)
-class TinyVLMSpec:
-    """Sizes of the tiny model. ``mrope_section`` must sum to head_dim / 2."""
-
-    vocab_size: int = 384
-    hidden_size: int = 128
-    num_layers: int = 3
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 512
-    vision_depth: int = 2
-    vision_hidden_size: int = 64
-    vision_heads: int = 4
-    patch_size: int = 14
-    merge_size: int = 2
-    min_pixels: int = 28 * 28
-    max_pixels: int = 112 * 112
-
-    @property
-    def mrope_section(self) -> list[int]:
-        half = self.hidden_size // self.num_heads // 2
-        temporal = half // 4
-        spatial = (half - temporal) // 2
-        return [temporal, spatial, half - temporal - spatial]
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
@@ -93,7 +68,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     return tokenizer
 
 
-def build_processor(tokenizer: PreTrainedTokenizerFast, spec: TinyVLMSpec) -> Qwen2_5_VLProcessor:
+def build_processor(tokenizer: PreTrainedTokenizerFast, spec: TinyModelConfig) -> Qwen2_5_VLProcessor:
     """Image and video processors sized for the spec, joined with the tokenizer."""
     size = {"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels}
     shared = dict(size=size, patch_size=spec.patch_size, merge_size=spec.merge_size, temporal_patch_size=2)
@@ -105,7 +80,7 @@ def build_processor(tokenizer: PreTrainedTokenizerFast, spec: TinyVLMSpec) -> Qw
     )
 
 
-def build_model_config(tokenizer: PreTrainedTokenizerFast, spec: TinyVLMSpec) -> Qwen2_5_VLConfig:
+def build_model_config(tokenizer: PreTrainedTokenizerFast, spec: TinyModelConfig) -> Qwen2_5_VLConfig:
     """A Qwen2.5-VL config whose special token ids match ``tokenizer``."""
     ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in SPECIAL_TOKENS}
     text = dict(
@@ -143,7 +118,7 @@ def build_model_config(tokenizer: PreTrainedTokenizerFast, spec: TinyVLMSpec) ->
     )
 
 
-def build_tiny_vlm(texts: Iterable[str], spec: TinyVLMSpec, out_dir: str | Path, seed: int = 0) -> Path:
+def build_tiny_vlm(texts: Iterable[str], spec: TinyModelConfig, out_dir: str | Path, seed: int = 0) -> Path:
     """Train the tokenizer on ``texts``, initialise the model at random, save both to ``out_dir``."""
     out = Path(out_dir)
     tokenizer = train_tokenizer(texts, spec.vocab_size)

@@ -60,8 +60,9 @@ class Layout:
     replicated: list[nn.Parameter] = field(default_factory=list)
 
     @property
-    def vision_sharded(self) -> bool:
-        return self.vision.strategy != "replicate"
+    def is_sharded(self) -> bool:
+        """Whether any part is laid out by FSDP (then no rank holds the full weights)."""
+        return self.vision.strategy != "replicate" or self.llm.strategy != "replicate"
 
     def trainable(self) -> list[nn.Parameter]:
         return [*self.sharded, *self.replicated]
@@ -100,12 +101,12 @@ def shard_parts(root: nn.Module, vision: PartConfig, llm: PartConfig, world_size
     return layout
 
 
-def full_state(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) for every parameter, one at a time, names without ``prefix``.
+def full_state(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) for every parameter of ``module``, one at a time.
 
     A sharded parameter is all-gathered (a collective: every rank must iterate in step); a replicated
     one is yielded as is (no copy). Holding only one gathered tensor at a time bounds the peak.
     """
     for name, param in module.named_parameters():
         tensor = param.full_tensor() if isinstance(param, DTensor) else param
-        yield name.removeprefix(prefix), tensor.detach()
+        yield name, tensor.detach()

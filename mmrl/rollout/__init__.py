@@ -1,1 +1,52 @@
-"""Rollout engines: generate n responses per prompt. ``hf`` (default) and, later, ``vllm``."""
+"""Rollout engines behind one interface (:class:`~mmrl.rollout.base.RolloutEngine`), chosen by ``rollout.engine``.
+
+=====  ==============================================================================================
+name   engine
+=====  ==============================================================================================
+hf     transformers ``generate`` on a full (unsharded) Hugging Face model; CPU and GPU
+=====  ==============================================================================================
+
+Every caller (the hybrid worker, the SFT stage's evaluation, the eval stage) builds its engine through
+:func:`build_rollout_engine`. Each builder imports its engine on first use, so loading a config stays
+cheap. Adding an engine is one module implementing the interface plus one entry in ``ENGINES``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from mmrl.config import Config
+from mmrl.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+
+EngineBuilder = Callable[[Config, str, Any, torch.device, "nn.Module | None"], RolloutEngine]
+
+
+def _hf(cfg: Config, checkpoint: str, processor: Any, device: torch.device, policy: nn.Module | None) -> RolloutEngine:
+    from mmrl.rollout.hf import HFRolloutEngine
+
+    return HFRolloutEngine.build(cfg, checkpoint, processor, device, policy)
+
+
+ENGINES: dict[str, EngineBuilder] = {
+    "hf": _hf,
+}
+
+
+def build_rollout_engine(
+    cfg: Config, *, checkpoint: str, processor: Any, device: torch.device, policy: nn.Module | None = None
+) -> RolloutEngine:
+    """The engine ``rollout.engine`` names, holding the weights of ``checkpoint``.
+
+    ``policy``: the trainer's own full Hugging Face model, for an engine that can generate with it in
+    place (hf, when every part of the actor is replicated: nothing is copied). When None, the engine
+    loads ``checkpoint`` itself and owns its weights: :meth:`RolloutEngine.update_weights` replaces them
+    and :meth:`RolloutEngine.release` frees them.
+    """
+    return ENGINES[cfg.rollout.engine](cfg, checkpoint, processor, device, policy)
+
+
+__all__ = ["ENGINES", "RolloutEngine", "RolloutOutput", "SamplingParams", "build_rollout_engine"]

@@ -4,11 +4,10 @@ Two ways to hold the weights, chosen by the hybrid worker:
 
 - shared (``owns_weights=False``): the engine runs on the actor's own module (every part replicated), so
   the weights it samples with are the trained weights by construction and nothing is copied;
-- owned (``owns_weights=True``): the engine has its own module skeleton whose parameters are empty
-  between rollouts. Before a rollout, :meth:`update_weights` receives the actor's full tensors one at a
-  time (gathered part by part from the FSDP shards); :meth:`release` drops them after it.
-
-The vLLM engine will implement the same two methods.
+- owned (``owns_weights=True``): the engine loads its own copy of the checkpoint. In the hybrid worker
+  its parameters are empty between rollouts: before a rollout, :meth:`update_weights` receives the
+  actor's full tensors one at a time (gathered part by part from the FSDP shards); :meth:`release`
+  drops them after it.
 """
 
 from __future__ import annotations
@@ -18,7 +17,9 @@ from typing import Any
 
 import torch
 
+from mmrl.config import Config
 from mmrl.models.encoding import EncodedPrompt, collate, vision_token_ids
+from mmrl.models.loading import load_model
 from mmrl.models.logprobs import gather_logprobs_entropy, policy_log_softmax
 from mmrl.rollout.base import RolloutOutput, SamplingParams
 
@@ -41,6 +42,15 @@ class HFRolloutEngine:
         self.pad_id = self.tokenizer.pad_token_id
         self.eos_id = self.tokenizer.eos_token_id
         self.banned_ids = vision_token_ids(self.tokenizer)
+
+    @classmethod
+    def build(
+        cls, cfg: Config, checkpoint: str, processor: Any, device: torch.device, policy: torch.nn.Module | None
+    ) -> HFRolloutEngine:
+        """Share ``policy`` when given, else load ``checkpoint`` (see :func:`mmrl.rollout.build_rollout_engine`)."""
+        owns = policy is None
+        model = load_model(checkpoint, cfg.model.dtype, cfg.model.attn_implementation, device) if owns else policy
+        return cls(model, processor, device, cfg.rollout.micro_batch_size, owns_weights=owns)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Point the engine's parameters at the given full tensors (Hugging Face names); returns the count.

@@ -1,4 +1,4 @@
-"""Greedy evaluation: accuracy per data_source, and a table of sample rollouts."""
+"""Greedy evaluation: accuracy per data_source (by the configured verifiers), and a table of sample rollouts."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
-from mmrl.trainer.prompts import rows_to_batch
-from rewards import answer_match
+from mmrl.trainer.dataset import rows_to_batch
+from mmrl.trainer.reward_stage import Verifier
 
 GenerateFn = Callable[[Batch, SamplingParams], Batch]
 
@@ -34,17 +34,17 @@ class EvalResult:
         return "accuracy: " + ", ".join(parts)
 
 
-def evaluate(generate: GenerateFn, rows: list[dict[str, Any]], batch_size: int, max_new_tokens: int,
-             num_samples: int = 16) -> EvalResult:
-    """Greedy answers for ``rows``; correct when the answer verifier scores 1."""
+def evaluate(generate: GenerateFn, rows: list[dict[str, Any]], verifier: Verifier, batch_size: int,
+             max_new_tokens: int, num_samples: int = 16) -> EvalResult:
+    """Greedy answers for ``rows``; a prompt's accuracy is its verifier score (1 = correct)."""
     params = SamplingParams(n=1, greedy=True, max_new_tokens=max_new_tokens)
     correct: dict[str, list[float]] = defaultdict(list)
     samples: list[dict[str, Any]] = []
     for start in range(0, len(rows), batch_size):
         prompts = rows_to_batch(rows[start : start + batch_size])
         out = generate(prompts, params)
-        for i, text in enumerate(out["response_text"]):
-            score = answer_match(text, prompts["answer"][i])
+        scores = verifier.correct(prompts.union(out.select_fields("response_text")))
+        for i, (text, score) in enumerate(zip(out["response_text"], scores)):
             correct[prompts["data_source"][i]].append(score)
             if len(samples) < num_samples:
                 samples.append(_sample_row(prompts, i, text, score))

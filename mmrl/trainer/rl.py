@@ -1,8 +1,12 @@
-"""The RL driver: one controller program over the hybrid actor/rollout/reference worker group.
+"""The RL driver: one controller program over the hybrid actor/rollout/reference worker group (and the
+critic group when the algorithm needs one).
 
 One step, as in design.md::
 
-    prompts -> generate n responses -> rewards -> old (and ref) log-probs -> advantages -> actor update
+    prompts -> generate n responses -> rewards -> the algorithm's filter -> old (and ref) log-probs
+    -> (critic values) -> the algorithm's advantages -> (critic update) -> actor update
+
+What differs between algorithms is read from the algorithm object (:mod:`mmrl.algos`), never from its name.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Iterator
 
 import torch
 
-from mmrl.algos.advantages import AdvantageOptions, compute_advantages, gae_advantages
+from mmrl.algos import build_algorithm, needs_reference
 from mmrl.config import Config
 from mmrl.controller import ResourcePool, WorkerGroup
 from mmrl.controller.session import ensure_ray, worker_shape
@@ -23,13 +27,12 @@ from mmrl.controller.worker import resolve_device
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
 from mmrl.tracking import Tracker, console_line
+from mmrl.trainer.dataset import PromptLoader, load_rows
 from mmrl.trainer.evaluation import EvalResult, evaluate, samples_html, samples_table
 from mmrl.trainer.plots import plot_curves
-from mmrl.trainer.prompts import PromptLoader, load_rows
-from mmrl.trainer.scoring import build_reward_manager, place_on_last_token, score_samples
+from mmrl.trainer.reward_stage import Verifier, build_reward_stage, place_on_last_token
 from mmrl.workers.critic import CriticWorker
 from mmrl.workers.hybrid import ActorRolloutRefWorker
-from rewards import answer_match
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +50,14 @@ class RLTrainer:
     def __init__(self, cfg: Config, checkpoint: str | None = None) -> None:
         self.cfg = cfg
         self.checkpoint = checkpoint or cfg.trainer.init
+        self.algorithm = build_algorithm(cfg)
+        self.with_reference = needs_reference(cfg)
         self.sampling = SamplingParams(
             n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
             top_k=cfg.rollout.top_k, max_new_tokens=cfg.rollout.max_new_tokens,
         )
-        self.adv_opts = AdvantageOptions(norm_adv_by_std=cfg.algorithm.norm_adv_by_std, epsilon=cfg.algorithm.epsilon)
-        self.rewards = build_reward_manager(cfg.reward)
+        self.reward = build_reward_stage(cfg.reward)
+        self.verifier = Verifier(cfg.reward)
         self.train_rows = load_rows(cfg.data.dir, "train")
         self.val_rows = load_rows(cfg.data.dir, "val", limit=cfg.trainer.val_size)
         self.timing: dict[str, float] = {}
@@ -60,18 +65,20 @@ class RLTrainer:
     # ---- set-up -------------------------------------------------------------------------------
 
     def build_workers(self) -> None:
-        """The actor-rollout-ref group, and the critic group (colocated on its pool, or on its own)."""
+        """The actor-rollout-ref group, and the critic group when the algorithm needs one (colocated on
+        the actor's pool, or on its own)."""
         res = self.cfg.resources
         ensure_ray(res)
         use_gpu = resolve_device(res.device).type == "cuda"
-        separate = self.cfg.uses_critic and self.cfg.critic.placement == "separate"
+        with_critic = self.algorithm.needs_critic
+        separate = with_critic and self.cfg.critic.placement == "separate"
         cpus, threads = worker_shape(res, use_gpu, pools=2 if separate else 1)
         pool = ResourcePool(res.num_workers, cpus, use_gpu, name="actor_rollout_ref")
-        share = 0.5 if self.cfg.uses_critic and not separate else 1.0
+        share = 0.5 if with_critic and not separate else 1.0
         self.workers = WorkerGroup(ActorRolloutRefWorker, pool, threads=threads, device=res.device, share=share)
-        self.workers.init_model(self.cfg, self.checkpoint)
+        self.workers.init_model(self.cfg, self.checkpoint, self.with_reference)
         self.critic: WorkerGroup | None = None
-        if self.cfg.uses_critic:
+        if with_critic:
             critic_pool = ResourcePool(res.num_workers, cpus, use_gpu, name="critic") if separate else pool
             self.critic = WorkerGroup(CriticWorker, critic_pool, threads=threads, device=res.device, share=share)
             self.critic.init_model(self.cfg, self.cfg.critic.init or self.checkpoint)
@@ -105,41 +112,36 @@ class RLTrainer:
         self.timing = {}
         with self.timer("step"):
             with self.timer("gen"):
-                samples = self.workers.generate(prompts, self.sampling)
-                batch = prompts.repeat(self.sampling.n).union(samples)
+                batch = prompts.repeat(self.sampling.n).union(self.workers.generate(prompts, self.sampling))
             with self.timer("reward"):
-                scores, reward_metrics = score_samples(self.rewards, batch)
-                batch.tensors["token_level_scores"] = place_on_last_token(scores, batch["response_mask"])
+                batch, metrics = self.score(batch)
+            batch, filter_metrics = self.algorithm.filter(batch)
             with self.timer("old_log_prob"):
                 batch = batch.union(self.workers.compute_log_probs(batch))
-            if self.cfg.actor.use_kl_loss:
+            if self.with_reference:
                 with self.timer("ref"):
                     batch = batch.union(self.workers.compute_ref_log_probs(batch))
             if self.critic is not None:
                 with self.timer("values"):
                     batch = batch.union(self.critic.compute_values(batch))
             with self.timer("adv"):
-                self.advantages(batch, scores)
-            critic_metrics: dict[str, float] = {}
+                batch = batch.union(self.algorithm.compute_advantages(batch))
             if self.critic is not None:
                 with self.timer("update_critic"):
-                    critic_metrics = self.critic.update_critic(batch)[0]
+                    metrics |= self.critic.update_critic(batch)[0]
             with self.timer("update_actor"):
-                actor_metrics = self.workers.update_actor(batch)[0]
-        metrics = self.step_metrics(batch, scores) | reward_metrics | actor_metrics | critic_metrics
-        return metrics | self.value_metrics(batch) | self.timing_metrics(batch)
+                metrics |= self.workers.update_actor(batch)[0]
+        metrics |= filter_metrics | self.step_metrics(batch) | self.value_metrics(batch)
+        return metrics | self.timing_metrics(batch)
 
-    def advantages(self, batch: Batch, scores: torch.Tensor) -> None:
-        """Fill ``advantages`` (and ``returns`` for GAE) in place."""
-        algo = self.cfg.algorithm
-        if algo.adv_estimator == "gae":
-            batch.tensors["advantages"], batch.tensors["returns"] = gae_advantages(
-                batch["token_level_scores"], batch["values"], batch["response_mask"], algo.gamma, algo.lam
-            )
-        else:
-            batch.tensors["advantages"] = compute_advantages(
-                algo.adv_estimator, scores, batch["uid"], batch["response_mask"], self.adv_opts
-            )
+    def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """The reward stage's scores as ``token_level_rewards`` (on each response's last token), the
+        reward metrics and the verifier's ``train/acc``."""
+        scores, metrics = self.reward.score(batch)
+        batch.tensors["token_level_rewards"] = place_on_last_token(scores, batch["response_mask"])
+        correct = self.verifier.correct(batch)
+        metrics["train/acc"] = sum(correct) / len(correct)
+        return batch, metrics
 
     @staticmethod
     def value_metrics(batch: Batch) -> dict[str, float]:
@@ -156,13 +158,14 @@ class RLTrainer:
             "critic/vf_explained_var": float(explained),
         }
 
-    def step_metrics(self, batch: Batch, scores: torch.Tensor) -> dict[str, float]:
-        lengths = batch["response_mask"].sum(-1)
+    @staticmethod
+    def step_metrics(batch: Batch) -> dict[str, float]:
+        """Score, advantage (over valid tokens) and length statistics, and the rollout/trainer agreement."""
         mask = batch["response_mask"]
-        adv = batch["advantages"][:, 0]
-        correct = [answer_match(t, a) for t, a in zip(batch["response_text"], batch["answer"])]
+        lengths = mask.sum(-1)
+        scores = batch["token_level_rewards"].sum(-1)
+        adv = batch["advantages"][mask.bool()]
         return {
-            "train/acc": sum(correct) / len(correct),
             "critic/score/mean": float(scores.mean()),
             "critic/score/max": float(scores.max()),
             "critic/score/min": float(scores.min()),
@@ -193,9 +196,8 @@ class RLTrainer:
 
     def validate(self, tracker: Tracker, step: int) -> dict[str, float]:
         with self.timer("val"):
-            result: EvalResult = evaluate(
-                self.workers.generate, self.val_rows, self.cfg.eval.batch_size, self.cfg.rollout.max_new_tokens
-            )
+            result: EvalResult = evaluate(self.workers.generate, self.val_rows, self.verifier,
+                                          self.cfg.eval.batch_size, self.cfg.rollout.max_new_tokens)
         tracker.log_dict(samples_table(result.samples), f"rollouts/step_{step:05d}.json")
         tracker.log_text(samples_html(result.samples, f"val rollouts at step {step}"), f"rollouts/step_{step:05d}.html")
         return result.metrics("val") | {"timing_s/val": self.timing["val"]}

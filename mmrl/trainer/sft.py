@@ -1,7 +1,8 @@
 """Supervised warm start: teach the answer format on a small labelled split (loss on answer tokens only).
 
 Runs in-process (no Ray): it is a short, single-rank job. It builds inputs through the same encoding
-path and log-prob function as RL, with the target ``sft.target_template`` as the "response".
+path and log-prob function as RL, with the answer in the trained format (:func:`rewards.format_answer`)
+followed by the end-of-turn token as the "response".
 """
 
 from __future__ import annotations
@@ -16,24 +17,23 @@ from tqdm import tqdm
 from mmrl.config import Config
 from mmrl.controller.worker import resolve_device
 from mmrl.models.encoding import EncodedPrompt, vision_token_ids
-from mmrl.models.forward import PolicyForward
-from mmrl.models.loading import load_model, load_processor, save_checkpoint, vision_module
+from mmrl.models.loading import load_processor, save_checkpoint
 from mmrl.models.logprobs import response_logprobs
 from mmrl.protocol import Batch
-from mmrl.rollout.base import SamplingParams
-from mmrl.rollout.hf import HFRolloutEngine
-from mmrl.rollout.prompts import encode_rows, generate_samples
+from mmrl.rollout import RolloutEngine, SamplingParams, build_rollout_engine
+from mmrl.rollout.samples import encode_rows, generate_samples
 from mmrl.tracking import Tracker
+from mmrl.trainer.dataset import load_rows, rows_to_batch
 from mmrl.trainer.evaluation import evaluate
-from mmrl.trainer.prompts import load_rows, rows_to_batch
+from mmrl.trainer.reward_stage import Verifier
+from mmrl.workers.model_builder import build_model
 from mmrl.workers.update import build_optimizer
-
-ANSWER_TEMPLATE = "<answer>{answer}</answer>"
+from rewards import format_answer
 
 
 def target_ids(tokenizer: Any, answer: str) -> torch.Tensor:
     """The answer in the trained format, followed by the end-of-turn token; (T,) int64."""
-    ids = tokenizer(ANSWER_TEMPLATE.format(answer=answer), add_special_tokens=False)["input_ids"]
+    ids = tokenizer(format_answer(answer), add_special_tokens=False)["input_ids"]
     return torch.tensor([*ids, tokenizer.eos_token_id], dtype=torch.long)
 
 
@@ -52,13 +52,13 @@ class SFTTrainer:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.device = resolve_device(cfg.resources.device)
-        init = cfg.sft.init or cfg.model.path
-        self.processor = load_processor(init)
+        self.init = cfg.sft.init or cfg.model.path
+        self.processor = load_processor(self.init)
         torch.manual_seed(cfg.seed)
-        self.model = load_model(init, cfg.model.dtype, cfg.model.attn_implementation, self.device)
-        if cfg.actor.vision.freeze:
-            vision_module(self.model).requires_grad_(False)
-        self.policy = PolicyForward(self.model)
+        self.layout = build_model(cfg, "actor", self.init, device=self.device, distributed=False)
+        self.policy = self.layout.root
+        self.model = self.policy.model  # the Hugging Face model inside
+        self.engine: RolloutEngine | None = None
         self.tokenizer = self.processor.tokenizer
         self.banned = vision_token_ids(self.tokenizer)
         rows = load_rows(cfg.data.dir, cfg.sft.split)
@@ -76,7 +76,8 @@ class SFTTrainer:
 
     def train(self, tracker: Tracker) -> None:
         cfg = self.cfg.sft
-        optimizer, scheduler = build_optimizer([p for p in self.model.parameters() if p.requires_grad], cfg.lr, cfg.weight_decay, cfg.warmup_steps)
+        params = self.layout.trainable()
+        optimizer, scheduler = build_optimizer(params, cfg.lr, cfg.weight_decay, cfg.warmup_steps)
         rng = random.Random(self.cfg.seed)
         order: list[int] = []
         self.model.train()
@@ -88,16 +89,21 @@ class SFTTrainer:
             loss = self.loss(indices)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             optimizer.step()
             scheduler.step()
-            tracker.log_metrics({"sft/loss": loss.item(), "sft/grad_norm": float(grad_norm),
+            loss_value = loss.item()
+            tracker.log_metrics({"sft/loss": loss_value, "sft/grad_norm": float(grad_norm),
                                  "sft/lr": scheduler.get_last_lr()[0]}, step)
-            bar.set_postfix(loss=f"{float(loss):.3f}")
+            bar.set_postfix(loss=f"{loss_value:.3f}")
 
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
-        engine = HFRolloutEngine(self.model, self.processor, self.device)
-        return generate_samples(engine, self.processor, prompts, params)
+        """Generation with the weights being trained (an hf engine shares the module; others receive them)."""
+        if self.engine is None:
+            self.engine = build_rollout_engine(self.cfg, checkpoint=self.init, processor=self.processor,
+                                               device=self.device, policy=self.model)
+        self.engine.update_weights(self.model.named_parameters())
+        return generate_samples(self.engine, self.processor, prompts, params)
 
 
 def run_sft(cfg: Config) -> dict[str, Any]:
@@ -107,7 +113,7 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     try:
         trainer.train(tracker)
         val = evaluate(trainer.generate, load_rows(cfg.data.dir, "val", cfg.trainer.val_size),
-                       cfg.eval.batch_size, cfg.eval.max_new_tokens)
+                       Verifier(cfg.reward), cfg.eval.batch_size, cfg.eval.max_new_tokens)
         tracker.log_metrics(val.metrics("val"), cfg.sft.steps)
         path = save_checkpoint(trainer.model, trainer.processor, Path(cfg.sft.out_dir) / "checkpoint")
         tracker.finish()

@@ -1,1 +1,1 @@
-"""SPMD workers: the hybrid actor/rollout/reference worker (and, later, critic and reward model)."""
+"""SPMD workers: the hybrid actor/rollout/reference worker, the critic, the model builder and the shared update loop."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mmrl.algos.losses import aggregate, kl_penalty, ppo_clip_loss
+from mmrl.algos.losses import PolicyLoss, aggregate, kl_penalty
 from mmrl.config import ActorConfig
 from mmrl.models.logprobs import response_logprobs
 from mmrl.parallel.sharding import Layout
@@ -50,16 +50,23 @@ def batched_logprobs(
 
 
 class PolicyUpdater(DataParallelUpdater):
-    """PPO-clip (+ optional entropy bonus and KL-to-reference loss) over one step's batch."""
+    """A policy loss from the loss table (+ optional entropy bonus and KL-to-reference loss) over one
+    step's batch."""
 
-    metric_names = ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl_loss")
     prefix = "actor"
+    normalised = ("pg_loss",)
 
     def __init__(
-        self, layout: Layout, cfg: ActorConfig, spec: LogProbSpec, device: torch.device, all_reduce: AllReduce
+        self,
+        layout: Layout,
+        cfg: ActorConfig,
+        loss_fn: PolicyLoss,
+        spec: LogProbSpec,
+        device: torch.device,
+        all_reduce: AllReduce,
     ) -> None:
         super().__init__(layout, cfg, device, all_reduce)
-        self.spec = spec
+        self.loss_fn, self.spec = loss_fn, spec
 
     def update(self, batch: Batch) -> dict[str, float]:
         """batch: responses, response_mask, old_log_probs, advantages (and ref_log_probs with KL loss)."""
@@ -68,7 +75,7 @@ class PolicyUpdater(DataParallelUpdater):
             batch.require("ref_log_probs")
         return super().update(batch)
 
-    def micro_loss(self, micro: Batch, denominator: float) -> tuple[torch.Tensor, list[float]]:
+    def micro_loss(self, micro: Batch, denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
         cfg, dev = self.cfg, self.device
         mask = micro["response_mask"].to(dev)
         logp, entropy = response_logprobs(
@@ -76,30 +83,19 @@ class PolicyUpdater(DataParallelUpdater):
             pad_token_id=self.spec.pad_token_id, banned_ids=self.spec.banned_ids,
             temperature=self.spec.temperature, device=dev,
         )
-        pg_loss, pg_metrics = ppo_clip_loss(
+        pg_loss, pg_metrics = self.loss_fn(
             logp, micro["old_log_probs"].to(dev), micro["advantages"].to(dev), mask,
-            clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high,
-            agg_mode=cfg.loss_agg_mode, denominator=denominator,
+            cfg=cfg, denominator=denominator,
         )
         loss = pg_loss
-        local_tokens = float(mask.sum())
+        tokens = float(mask.sum())
+        sums = {key: value * tokens for key, value in pg_metrics.items()}  # per-token means -> sums
+        sums["pg_loss"] = float(pg_loss.detach())
+        sums["entropy"] = float((entropy.detach() * mask).sum())
         if cfg.entropy_coeff:
             loss = loss - cfg.entropy_coeff * aggregate(entropy, mask, cfg.loss_agg_mode, denominator)
-        ref_kl_sum = 0.0
         if cfg.use_kl_loss:
             kl = kl_penalty(logp, micro["ref_log_probs"].to(dev), cfg.kl_estimator)
             loss = loss + cfg.kl_loss_coef * aggregate(kl, mask, cfg.loss_agg_mode, denominator)
-            ref_kl_sum = float((kl.detach() * mask).sum())
-        parts = [
-            float(pg_loss.detach()),
-            pg_metrics["pg_clipfrac"] * local_tokens,
-            pg_metrics["ppo_kl"] * local_tokens,
-            float((entropy.detach() * mask).sum()),
-            ref_kl_sum,
-        ]
-        return loss, parts
-
-    def finish_metrics(self, sums: dict[str, float], tokens: float) -> dict[str, float]:
-        metrics = {k: v / tokens for k, v in sums.items()}
-        metrics["pg_loss"] = sums["pg_loss"]  # already normalised by the global denominator
-        return metrics
+            sums["kl_loss"] = float((kl.detach() * mask).sum())
+        return loss, sums

@@ -16,11 +16,13 @@ from mmrl.algos.losses import value_loss
 from mmrl.config import Config, CriticConfig
 from mmrl.controller import Dispatch, Worker, register
 from mmrl.models.encoding import collate
-from mmrl.models.forward import ValueModel
-from mmrl.models.loading import load_model, load_processor, vision_module
-from mmrl.parallel.sharding import Layout, full_state, shard_parts
+from mmrl.models.loading import load_processor
+from mmrl.parallel.sharding import Layout, full_state
 from mmrl.protocol import Batch
+from mmrl.workers.model_builder import build_model
 from mmrl.workers.update import AllReduce, DataParallelUpdater
+
+SCORED = ("prompt", "responses", "response_mask")
 
 
 def batch_values(model: torch.nn.Module, batch: Batch, pad_token_id: int, device: torch.device) -> torch.Tensor:
@@ -34,8 +36,8 @@ def batch_values(model: torch.nn.Module, batch: Batch, pad_token_id: int, device
 class ValueUpdater(DataParallelUpdater):
     """Clipped value loss against the GAE returns."""
 
-    metric_names = ("vf_loss", "vf_clipfrac", "vpred_mean")
     prefix = "critic"
+    normalised = ("vf_loss",)
 
     def __init__(self, layout: Layout, cfg: CriticConfig, pad_token_id: int, device: torch.device,
                  all_reduce: AllReduce) -> None:
@@ -46,7 +48,7 @@ class ValueUpdater(DataParallelUpdater):
         batch.require("prompt", "responses", "response_mask", "values", "returns")
         return super().update(batch)
 
-    def micro_loss(self, micro: Batch, denominator: float) -> tuple[torch.Tensor, list[float]]:
+    def micro_loss(self, micro: Batch, denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
         dev = self.device
         mask = micro["response_mask"].to(dev)
         values = batch_values(self.layout.root, micro, self.pad_token_id, dev)
@@ -55,12 +57,7 @@ class ValueUpdater(DataParallelUpdater):
             clip_range=self.cfg.cliprange_value, agg_mode=self.cfg.loss_agg_mode, denominator=denominator,
         )
         tokens = float(mask.sum())
-        return loss, [float(loss.detach()), metrics["vf_clipfrac"] * tokens, metrics["vpred_mean"] * tokens]
-
-    def finish_metrics(self, sums: dict[str, float], tokens: float) -> dict[str, float]:
-        metrics = {k: v / tokens for k, v in sums.items()}
-        metrics["vf_loss"] = sums["vf_loss"]  # already normalised by the global denominator
-        return metrics
+        return loss, {"vf_loss": float(loss.detach()), **{k: v * tokens for k, v in metrics.items()}}
 
 
 class CriticWorker(Worker):
@@ -71,18 +68,12 @@ class CriticWorker(Worker):
         """Build the value model from a policy checkpoint and lay it out; returns its parameter count."""
         torch.manual_seed(cfg.seed + self.rank)
         self.cfg = cfg.critic
-        processor = load_processor(checkpoint)
-        self.pad_token_id = processor.tokenizer.pad_token_id
-        policy = load_model(checkpoint, cfg.model.dtype, cfg.model.attn_implementation, self.device)
-        model = ValueModel.from_policy(policy).to(self.device)
-        del policy  # the LM head goes with it
-        if self.cfg.vision.freeze:
-            vision_module(model.backbone).requires_grad_(False)
-        self.layout = shard_parts(model, self.cfg.vision, self.cfg.llm, self.world_size, self.device)
+        self.pad_token_id = load_processor(checkpoint).tokenizer.pad_token_id
+        self.layout = build_model(cfg, "critic", checkpoint, device=self.device, world_size=self.world_size)
         self.updater = ValueUpdater(self.layout, self.cfg, self.pad_token_id, self.device, self.all_reduce_sum)
-        return sum(p.numel() for p in model.parameters())
+        return sum(p.numel() for p in self.layout.root.parameters())
 
-    @register(Dispatch.DP_COMPUTE)
+    @register(Dispatch.DP_COMPUTE, fields=SCORED)
     def compute_values(self, batch: Batch) -> Batch:
         """-> values (B, R): the critic's V(s_t) before each response token."""
         batch.require("prompt", "responses", "response_mask")
@@ -93,7 +84,7 @@ class CriticWorker(Worker):
                 out.append(batch_values(self.layout.root, micro, self.pad_token_id, self.device).cpu())
         return Batch(tensors={"values": torch.cat(out)})
 
-    @register(Dispatch.DP_COMPUTE)
+    @register(Dispatch.DP_COMPUTE, fields=(*SCORED, "values", "returns"))
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """Value-loss epochs over the batch (values = rollout-time values, returns = GAE targets)."""
         return self.updater.update(batch)

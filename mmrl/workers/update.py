@@ -48,10 +48,12 @@ def real_rows(batch: Batch) -> torch.Tensor:
 
 
 class DataParallelUpdater:
-    """Subclasses define :meth:`micro_loss` and the names of the metric sums it returns."""
+    """Subclasses define :meth:`micro_loss`; its metrics are sums that the updater adds over micro-batches
+    and ranks, then divides by the mini-batch's token count (except the ``normalised`` ones, which already
+    carry the global denominator)."""
 
-    metric_names: tuple[str, ...] = ()
     prefix = ""
+    normalised: tuple[str, ...] = ()
 
     def __init__(self, layout: Layout, cfg: UpdateConfig, device: torch.device, all_reduce: AllReduce) -> None:
         self.layout, self.cfg, self.device, self.all_reduce = layout, cfg, device, all_reduce
@@ -86,25 +88,23 @@ class DataParallelUpdater:
         denominator = self.denominator(mini)
         tokens = max(self.global_count(mini["response_mask"].sum()), 1.0)
         self.optimizer.zero_grad(set_to_none=True)
-        # This rank's partial sums of each metric; summed over ranks below.
-        sums = torch.zeros(len(self.metric_names), dtype=torch.float64)
+        sums: dict[str, float] = {}  # this rank's partial sums of each metric; summed over ranks below
         for start in range(0, len(mini), self.cfg.micro_batch_size):
             micro = mini.slice(start, start + self.cfg.micro_batch_size)
             loss, parts = self.micro_loss(micro, denominator)
             loss.backward()
-            sums += torch.tensor(parts, dtype=torch.float64)
+            for key, value in parts.items():
+                sums[key] = sums.get(key, 0.0) + value
         sum_replicated_grads(self.layout.replicated, self.all_reduce)
         grad_norm = clip_grad_norm(self.layout.trainable(), self.cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
-        self.all_reduce(sums)
-        metrics = self.finish_metrics(dict(zip(self.metric_names, sums.tolist())), tokens)
+        keys = sorted(sums)  # every rank runs the same code on as many micro-batches: the same keys
+        totals = self.all_reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
+        metrics = {k: v if k in self.normalised else v / tokens for k, v in zip(keys, totals.tolist())}
         metrics["grad_norm"] = grad_norm
         return metrics
 
-    def micro_loss(self, micro: Batch, denominator: float) -> tuple[torch.Tensor, list[float]]:
+    def micro_loss(self, micro: Batch, denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """The micro-batch's loss (normalised by ``denominator``) and its metric sums."""
         raise NotImplementedError
-
-    def finish_metrics(self, sums: dict[str, float], tokens: float) -> dict[str, float]:
-        """Turn the rank-summed metric sums into reported metrics (default: per-token means)."""
-        return {k: v / tokens for k, v in sums.items()}

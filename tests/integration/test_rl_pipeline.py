@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from mmrl.controller import ResourcePool, WorkerGroup
 from mmrl.rollout.base import SamplingParams
-from mmrl.trainer.prompts import load_rows, rows_to_batch
+from mmrl.trainer.dataset import load_rows, rows_to_batch
 from mmrl.trainer.rl import run_rl
 from mmrl.workers.hybrid import ActorRolloutRefWorker
 
@@ -23,7 +23,7 @@ def test_two_grpo_steps_log_to_mlflow(tiny_config):
     client = MlflowClient(cfg.tracking.uri)
     run = client.get_run(result["mlflow_run_id"])
     assert run.info.status == "FINISHED"
-    assert run.data.params["rollout.n"] == "4" and run.data.params["algorithm.adv_estimator"] == "grpo"
+    assert run.data.params["rollout.n"] == "4" and run.data.params["algorithm.name"] == "grpo"
     for key in ["actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm",
                 "actor/kl_loss", "critic/score/mean", "response_length/mean", "timing_s/gen", "timing_s/ref",
                 "perf/throughput", "val/acc", "reward/num_errors"]:
@@ -80,7 +80,7 @@ def test_ppo_with_a_sharded_critic_runs_end_to_end(tiny_config, tmp_path, placem
     plugin = tmp_path / "length_reward.py"
     plugin.write_text("def score(response, ground_truth):\n    return len(response) / 10\n")
     cfg.reward.function, cfg.reward.weights = f"{plugin}:score", {}
-    cfg.algorithm.adv_estimator = "gae"
+    cfg.algorithm.name = "ppo"
     cfg.trainer.steps, cfg.trainer.eval_every = 2, 2
     cfg.resources.num_workers = 2
     cfg.actor.vision.strategy, cfg.actor.llm.strategy = "replicate", "fsdp"

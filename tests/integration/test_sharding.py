@@ -159,7 +159,7 @@ def test_frozen_vision_is_bit_identical_and_has_no_optimizer_state(groups, base_
 
 def test_sharded_rollout_gets_full_weights_and_frees_them(groups, base_cfg, tiny_model_dir):
     """Hybrid engine handoff: gathered weights before the rollout, freed after; log-probs match training."""
-    from mmrl.trainer.prompts import load_rows, rows_to_batch
+    from mmrl.trainer.dataset import load_rows, rows_to_batch
 
     group = groups[1]
     group.init_model(configure(base_cfg, "fsdp", "fsdp"), str(tiny_model_dir), False)

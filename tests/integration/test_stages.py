@@ -7,7 +7,7 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from pipelines import data as data_stage
-from mmrl.trainer.eval import run_eval
+from mmrl.trainer.eval_checkpoint import run_eval
 from mmrl.trainer.sft import run_sft
 
 
@@ -25,7 +25,7 @@ def test_sft_then_eval_write_checkpoint_and_mlflow_metrics(tiny_config):
     assert {"test/acc", "test/synthetic/colour/acc", "test/synthetic/count/acc"} <= set(metrics)
 
 
-def test_data_stage_converts_user_jsonl_with_quarantine(tmp_path, capsys):
+def test_data_stage_converts_user_jsonl_with_quarantine(tmp_path, capsys, tiny_model_dir):
     images = tmp_path / "imgs"
     images.mkdir()
     Image.new("RGB", (300, 200), (10, 200, 10)).save(images / "ok.png")
@@ -39,7 +39,7 @@ def test_data_stage_converts_user_jsonl_with_quarantine(tmp_path, capsys):
     jsonl.write_text("\n".join(json.dumps(x) for x in lines) + "\n{not json\n")
     out = tmp_path / "out"
     data_stage.main(["--config", "", f"data.jsonl={jsonl}", f"data.image_dir={images}", f"data.dir={out}",
-                     "data.max_pixels=12544"])
+                     "data.max_pixels=12544", f"model.path={tiny_model_dir}"])
     printed = capsys.readouterr().out
     assert "in=4 written=1 quarantined=3" in printed
     quarantined = [json.loads(x) for x in (out / "train.quarantine.jsonl").read_text().splitlines()]

@@ -9,8 +9,9 @@ from PIL import Image
 from mmrl.algos.losses import ppo_clip_loss
 from mmrl.config import ActorConfig
 from mmrl.models.encoding import encode_prompt, vision_token_ids
-from mmrl.models.loading import load_model, load_processor, vision_module
-from mmrl.models.forward import PolicyForward
+from mmrl.algos.losses import ppo_clip
+from mmrl.models.loading import load_model, load_processor
+from mmrl.models.forward import PolicyForward, core_model
 from mmrl.models.logprobs import response_logprobs
 from mmrl.parallel.sharding import shard_parts
 from mmrl.protocol import Batch
@@ -28,7 +29,7 @@ def no_reduce(t: torch.Tensor) -> torch.Tensor:
 def updater_for(model, cfg: ActorConfig, spec) -> PolicyUpdater:
     """A one-rank updater over ``model`` laid out as ``cfg.vision`` / ``cfg.llm`` say."""
     layout = shard_parts(PolicyForward(model), cfg.vision, cfg.llm, 1, CPU)
-    return PolicyUpdater(layout, cfg, spec, CPU, no_reduce)
+    return PolicyUpdater(layout, cfg, ppo_clip, spec, CPU, no_reduce)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,7 @@ def test_update_equals_full_batch_reference_for_any_micro_batch(rollout_batch, m
 def test_frozen_vision_is_bit_identical_and_has_no_optimizer_state(rollout_batch):
     model, batch, spec = rollout_batch
     trained = copy.deepcopy(model)
-    vision = vision_module(trained)
+    vision = core_model(trained).visual
     vision.requires_grad_(False)
     before = {k: v.clone() for k, v in vision.state_dict().items()}
     updater = updater_for(trained, ActorConfig(lr=1e-2, num_mini_batches=2), spec)

@@ -3,16 +3,18 @@ import math
 import pytest
 import torch
 
-from mmrl.algos.advantages import AdvantageOptions, compute_advantages, grpo_advantages, rloo_advantages
+from mmrl.algos import ALGORITHMS, POLICY_LOSSES, build_algorithm
+from mmrl.algos.grpo import grpo_advantages
 from mmrl.algos.losses import aggregate, kl_penalty, ppo_clip_loss
-
-OPTS = AdvantageOptions(norm_adv_by_std=True, epsilon=1e-6)
+from mmrl.algos.rloo import rloo_advantages
+from mmrl.config import ActorConfig, load_config
+from mmrl.protocol import Batch
 
 
 def test_grpo_advantages_by_hand():
     scores = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.5, 0.5, 2.0])
     uids = ["a", "a", "a", "a", "b", "b", "c"]
-    adv = grpo_advantages(scores, uids, OPTS)
+    adv = grpo_advantages(scores, uids)
     # group a: mean 0.75, unbiased std sqrt(((.25^2)*3 + .75^2)/3) = 0.5
     assert adv[:4].tolist() == pytest.approx([0.5, -1.5, 0.5, 0.5], abs=1e-5)
     # group b: identical scores -> 0; singleton group c -> 0
@@ -20,12 +22,12 @@ def test_grpo_advantages_by_hand():
 
 
 def test_grpo_without_std_is_centred_scores():
-    adv = grpo_advantages(torch.tensor([3.0, 1.0, 5.0]), ["x", "x", "x"], AdvantageOptions(norm_adv_by_std=False))
+    adv = grpo_advantages(torch.tensor([3.0, 1.0, 5.0]), ["x", "x", "x"], norm_by_std=False)
     assert adv.tolist() == pytest.approx([0.0, -2.0, 2.0])
 
 
 def test_rloo_by_hand():
-    adv = rloo_advantages(torch.tensor([1.0, 0.0, 0.0]), ["g", "g", "g"], OPTS)
+    adv = rloo_advantages(torch.tensor([1.0, 0.0, 0.0]), ["g", "g", "g"])
     # 1 - mean(0, 0) = 1; 0 - mean(1, 0) = -0.5
     assert adv.tolist() == pytest.approx([1.0, -0.5, -0.5])
 
@@ -34,7 +36,7 @@ def test_grpo_matches_loop_reference():
     torch.manual_seed(0)
     scores = torch.rand(24)
     uids = [str(i % 5) for i in range(24)]
-    adv = grpo_advantages(scores, uids, OPTS)
+    adv = grpo_advantages(scores, uids)
     for g in set(uids):
         idx = [i for i, u in enumerate(uids) if u == g]
         vals = [float(scores[i]) for i in idx]
@@ -44,14 +46,54 @@ def test_grpo_matches_loop_reference():
             assert float(adv[i]) == pytest.approx((float(scores[i]) - mean) / (std + 1e-6), rel=1e-5)
 
 
-def test_compute_advantages_broadcasts_onto_response_tokens():
-    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    adv = compute_advantages("grpo", torch.tensor([1.0, 0.0]), ["u", "u"], mask, OPTS)
+def scored_batch(scores: list[float], uids: list[str], lengths: list[int], width: int = 3) -> Batch:
+    """Samples with outcome rewards on their last response token, as the driver's reward stage leaves them."""
+    mask = torch.tensor([[1.0] * n + [0.0] * (width - n) for n in lengths])
+    rewards = torch.zeros_like(mask)
+    for row, (score, n) in enumerate(zip(scores, lengths)):
+        rewards[row, n - 1] = score
+    return Batch(tensors={"token_level_rewards": rewards, "response_mask": mask}, objects={"uid": uids})
+
+
+def test_grpo_object_broadcasts_the_outcome_advantage_onto_response_tokens():
+    algorithm = build_algorithm(load_config(None, ["algorithm.name=grpo"]))
+    adv = algorithm.compute_advantages(scored_batch([1.0, 0.0], ["u", "u"], [2, 1]))["advantages"]
     s = 1 / math.sqrt(0.5)  # (1 - 0.5) / std where std = sqrt(0.5)
     expected = torch.tensor([[0.5 * s, 0.5 * s, 0.0], [-0.5 * s, 0.0, 0.0]])
     assert torch.allclose(adv, expected, rtol=1e-4)
-    with pytest.raises(ValueError, match="allowed: grpo, rloo"):
-        compute_advantages("nope", torch.zeros(2), ["u", "u"], mask, OPTS)
+
+
+def test_dr_grpo_and_rloo_objects_against_a_loop_reference():
+    scores, uids, lengths = [1.0, 0.0, 0.5, 2.0, 1.0], ["a", "a", "a", "b", "b"], [3, 1, 2, 3, 3]
+    batch = scored_batch(scores, uids, lengths)
+    for name, overrides in (("grpo", ["algorithm.norm_adv_by_std=false"]), ("rloo", [])):
+        adv = build_algorithm(load_config(None, [f"algorithm.name={name}", *overrides])).compute_advantages(batch)
+        for i, (score, uid, n) in enumerate(zip(scores, uids, lengths)):
+            others = [s for j, (s, u) in enumerate(zip(scores, uids)) if u == uid and j != i]
+            group = others + [score]
+            baseline = sum(others) / len(others) if name == "rloo" else sum(group) / len(group)
+            row = adv["advantages"][i].tolist()
+            assert row[:n] == pytest.approx([score - baseline] * n, abs=1e-6), (name, i)
+            assert row[n:] == [0.0] * (3 - n)
+
+
+def test_algorithm_declarations_and_tables():
+    assert set(ALGORITHMS) == {"grpo", "rloo", "ppo"}
+    assert [ALGORITHMS[n].needs_critic for n in ("grpo", "rloo", "ppo")] == [False, False, True]
+    assert [ALGORITHMS[n].min_group_size for n in ("grpo", "rloo", "ppo")] == [2, 2, 1]
+    assert ALGORITHMS["ppo"].reward_level == "token" and ALGORITHMS["grpo"].reward_level == "outcome"
+    assert all(ALGORITHMS[n].policy_loss in POLICY_LOSSES for n in ALGORITHMS)
+
+
+def test_the_ppo_clip_table_entry_reads_the_actor_config():
+    logp, old = torch.tensor([[0.5, -0.5]]), torch.zeros(1, 2)
+    adv, mask = torch.tensor([[1.0, -1.0]]), torch.ones(1, 2)
+    cfg = ActorConfig(clip_ratio_low=0.1, clip_ratio_high=0.3, loss_agg_mode="seq-mean-token-sum")
+    loss, metrics = POLICY_LOSSES["ppo_clip"](logp, old, adv, mask, cfg=cfg)
+    direct, _ = ppo_clip_loss(logp, old, adv, mask, clip_low=0.1, clip_high=0.3, agg_mode="seq-mean-token-sum")
+    # token 0: ratio e^.5 clipped at 1.3 -> -1.3; token 1: ratio e^-.5 = .6065 vs clip .9 -> max(.6065, .9) = .9
+    assert float(loss) == pytest.approx(-1.3 + 0.9, abs=1e-5) and float(loss) == float(direct)
+    assert metrics["pg_clipfrac"] == 1.0
 
 
 def test_ppo_clip_loss_by_hand():

@@ -6,7 +6,8 @@ import statistics
 import pytest
 import torch
 
-from mmrl.algos.advantages import gae_advantages, masked_mean, masked_whiten
+from mmrl.algos.masked import masked_mean, masked_whiten
+from mmrl.algos.ppo import gae_advantages
 from mmrl.algos.losses import value_loss
 
 R = 7

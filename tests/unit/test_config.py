@@ -1,7 +1,10 @@
+import dataclasses
+import typing
 from pathlib import Path
 
 import pytest
 
+from mmrl.algos import build_algorithm
 from mmrl.config import Config, ConfigError, load_config
 from pipelines.cli import parse
 
@@ -39,10 +42,16 @@ def test_bad_key_or_value_names_the_key_and_what_is_allowed(override, message):
 def test_cross_field_checks():
     with pytest.raises(ConfigError, match="rollout.n >= 2"):
         load_config(None, ["rollout.n=1"])
-    with pytest.raises(ConfigError, match="adv_estimator='ppo2'.*allowed: gae, grpo, rloo"):
-        load_config(None, ["algorithm.adv_estimator=ppo2"])
-    with pytest.raises(ConfigError, match="trainer.steps=0 must be a positive"):
-        load_config(None, ["trainer.steps=0"])
+    with pytest.raises(ConfigError, match="algorithm.name='ppo2' is unknown; allowed: grpo, ppo, rloo"):
+        load_config(None, ["algorithm.name=ppo2"])
+    with pytest.raises(ConfigError, match="algorithm.adv_estimator was renamed: use algorithm.name"):
+        load_config(None, ["algorithm.adv_estimator=gae"])
+    with pytest.raises(ConfigError, match="actor.policy_loss='clip' is unknown; allowed: ppo_clip"):
+        load_config(None, ["actor.policy_loss=clip"])
+    with pytest.raises(ConfigError, match="rollout.engine='sglang' is unknown; allowed: hf"):
+        load_config(None, ["rollout.engine=sglang"])
+    with pytest.raises(ConfigError, match="critic.num_mini_batches=64 mini-batches"):
+        load_config(None, ["critic.num_mini_batches=64", "trainer.prompts_per_step=2", "rollout.n=8"])
 
 
 def test_base_chain_and_missing_file(tmp_path):
@@ -72,7 +81,58 @@ def test_part_layouts_are_checked():
         load_config(None, ["critic.placement=gpu0"])
 
 
-def test_gae_needs_the_critic_and_not_groups():
-    cfg = load_config(None, ["algorithm.adv_estimator=gae", "rollout.n=1"])
-    assert cfg.uses_critic
-    assert not load_config(None, []).uses_critic
+def test_validation_reads_the_algorithm_declarations():
+    """PPO declares a critic and no group size, so n=1 is fine; GRPO and RLOO declare groups of 2."""
+    for name in ("grpo", "rloo"):
+        with pytest.raises(ConfigError, match=f"rollout.n=1: {name} compares.*rollout.n >= 2"):
+            load_config(None, [f"algorithm.name={name}", "rollout.n=1"])
+    cfg = load_config(None, ["algorithm.name=ppo", "rollout.n=1"])
+    assert build_algorithm(cfg).needs_critic and not build_algorithm(load_config(None, [])).needs_critic
+
+
+@pytest.mark.parametrize("override,message", [
+    ("actor.lr=-1e-4", "actor.lr=-0.0001 must be >= 0"),
+    ("critic.lr=-1", "critic.lr=-1.0 must be >= 0"),
+    ("sft.lr=nan", "sft.lr=nan must be a finite number"),
+    ("actor.grad_clip=0", "actor.grad_clip=0.0 must be > 0"),
+    ("critic.grad_clip=-1", "critic.grad_clip=-1.0 must be > 0"),
+    ("rollout.temperature=.nan", "rollout.temperature=nan must be a finite number"),
+    ("rollout.temperature=0", "rollout.temperature=0.0 must be > 0"),
+    ("rollout.top_p=1.5", "rollout.top_p=1.5 must be <= 1"),
+    ("algorithm.epsilon=0", "algorithm.epsilon=0.0 must be > 0"),
+    ("actor.clip_ratio_low=0", "actor.clip_ratio_low=0.0 must be > 0"),
+    ("actor.clip_ratio_high=1.5", "actor.clip_ratio_high=1.5 must be <= 1"),
+    ("sft.steps=0", "sft.steps=0 must be >= 1"),
+    ("trainer.val_size=0", "trainer.val_size=0 must be >= 1"),
+    ("trainer.steps=0", "trainer.steps=0 must be >= 1"),
+    ("critic.ppo_epochs=0", "critic.ppo_epochs=0 must be >= 1"),
+    ("critic.micro_batch_size=0", "critic.micro_batch_size=0 must be >= 1"),
+    ("critic.num_mini_batches=0", "critic.num_mini_batches=0 must be >= 1"),
+    ("critic.cliprange_value=0", "critic.cliprange_value=0.0 must be > 0"),
+    ("algorithm.gamma=1.1", "algorithm.gamma=1.1 must be <= 1"),
+    ("reward.timeout_s=0", "reward.timeout_s=0.0 must be > 0"),
+    ("tiny_model.hidden_size=0", "tiny_model.hidden_size=0 must be >= 8"),
+    ("data.min_pixels=1000000", "data.min_pixels=1000000 exceeds data.max_pixels"),
+    ("data.sizes={train: -1}", r"data.sizes values must be finite and >= 0, got \{'train': -1\}"),
+    ("reward.weights={answer_match: .inf}", "reward.weights values must be finite"),
+])
+def test_bad_numbers_are_refused_with_the_key_and_the_range(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_every_numeric_field_has_bounds_and_the_defaults_meet_them():
+    """A numeric key without bounds would accept a negative lr or a NaN temperature silently."""
+    def numeric_fields(cls, prefix=""):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[f.name]):
+                yield from numeric_fields(hints[f.name], f"{prefix}{f.name}.")
+            elif hints[f.name] in (int, float):
+                yield f"{prefix}{f.name}", f.metadata.get("bounds")
+
+    bounds = dict(numeric_fields(Config))
+    unbounded = [key for key, b in bounds.items() if b is None]
+    assert not unbounded, f"numeric config keys without bounds: {unbounded}"
+    assert len(bounds) > 40 and "critic.micro_batch_size" in bounds
+    load_config(None, [])  # the defaults pass their own bounds

@@ -366,3 +366,15 @@ def test_convert_jsonl_rejects_bad_budget_before_reading(tmp_path: Path) -> None
     with pytest.raises(ValueError, match="exceeds max_pixels"):
         _convert(tmp_path, min_pixels=10**6)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_patch_factor_comes_from_the_processor_at_model_path(tmp_path):
+    """A checkpoint with 16-pixel patches and 2x2 merging needs sides that are multiples of 32, not 28."""
+    from transformers import Qwen2VLImageProcessor
+
+    from mmrl.models.loading import image_patch_factor
+
+    Qwen2VLImageProcessor(patch_size=16, merge_size=2).save_pretrained(tmp_path / "ckpt")
+    assert image_patch_factor(tmp_path / "ckpt") == 32
+    with pytest.raises(FileNotFoundError, match="no image processor.*make model"):
+        image_patch_factor(tmp_path / "missing")

@@ -7,9 +7,11 @@ import torch
 from mmrl.controller.dispatch import (
     Dispatch,
     DispatchPlan,
+    DispatchSpec,
     balanced_partition,
     collect,
     pad_to_multiple,
+    register,
     split_args,
 )
 from mmrl.models.encoding import EncodedPrompt
@@ -122,7 +124,7 @@ def test_partition_is_near_the_brute_force_optimum(seed):
 def test_five_samples_over_two_ranks_get_three_each_with_one_zeroed_pad_row():
     original = samples(5)
     mask_before = original["response_mask"].clone()
-    per_rank, plan = split_args(Dispatch.DP_COMPUTE, 2, (original,), {})
+    per_rank, plan = split_args(DispatchSpec(Dispatch.DP_COMPUTE), 2, (original,), {})
     parts = [args[0] for args, _ in per_rank]
     assert [len(p) for p in parts] == [3, 3]
     assert all(p["is_pad"].dtype == torch.bool and p["is_pad"].shape == (3,) for p in parts)
@@ -138,24 +140,25 @@ def test_five_samples_over_two_ranks_get_three_each_with_one_zeroed_pad_row():
     assert "is_pad" not in original.keys()
 
 
-def test_padding_cycles_from_sample_zero_and_zeroes_reward_tensors():
-    rewards = {"token_level_rewards": torch.ones(2, 3), "token_level_scores": torch.ones(2, 3)}
-    b = Batch(tensors={"i": torch.arange(2), **rewards})
+def test_padding_cycles_from_sample_zero_and_zeroes_mask_and_advantages():
+    weighted = {"response_mask": torch.ones(2, 3), "advantages": torch.ones(2, 3), "old_log_probs": torch.ones(2, 3)}
+    b = Batch(tensors={"i": torch.arange(2), **weighted})
     padded = pad_to_multiple(b, 5)
     assert padded["i"].tolist() == [0, 1, 0, 1, 0]
     assert padded["is_pad"].tolist() == [False, False, True, True, True]
-    assert padded["token_level_rewards"].sum(-1).tolist() == [3, 3, 0, 0, 0]
-    assert padded["token_level_scores"].sum(-1).tolist() == [3, 3, 0, 0, 0]
+    assert padded["response_mask"].sum(-1).tolist() == [3, 3, 0, 0, 0]
+    assert padded["advantages"].sum(-1).tolist() == [3, 3, 0, 0, 0]
+    assert padded["old_log_probs"].sum(-1).tolist() == [3] * 5  # only what weights a loss is zeroed
 
 
 def test_every_rank_gets_is_pad_even_without_padding():
-    per_rank, plan = split_args(Dispatch.DP_COMPUTE, 2, (batch(4),), {})
+    per_rank, plan = split_args(DispatchSpec(Dispatch.DP_COMPUTE), 2, (batch(4),), {})
     assert all(args[0]["is_pad"].tolist() == [False, False] for args, _ in per_rank)
     assert all(-1 not in sources for sources in plan.sources)
 
 
 def test_more_ranks_than_samples_are_filled_with_padding():
-    per_rank, plan = split_args(Dispatch.DP_COMPUTE, 4, (batch(1),), {})
+    per_rank, plan = split_args(DispatchSpec(Dispatch.DP_COMPUTE), 4, (batch(1),), {})
     assert [len(args[0]) for args, _ in per_rank] == [1, 1, 1, 1]
     assert sum(int(args[0]["is_pad"].sum()) for args, _ in per_rank) == 3
     assert plan.num_samples == 1
@@ -163,9 +166,9 @@ def test_more_ranks_than_samples_are_filled_with_padding():
 
 def test_empty_batch_and_preset_is_pad_are_refused():
     with pytest.raises(ValueError, match="empty batch"):
-        split_args(Dispatch.DP_COMPUTE, 2, (batch(0),), {})
+        split_args(DispatchSpec(Dispatch.DP_COMPUTE), 2, (batch(0),), {})
     with pytest.raises(ValueError, match="is_pad"):
-        split_args(Dispatch.DP_COMPUTE, 2, (Batch(tensors={"is_pad": torch.zeros(2, dtype=torch.bool)}),), {})
+        split_args(DispatchSpec(Dispatch.DP_COMPUTE), 2, (Batch(tensors={"is_pad": torch.zeros(2, dtype=torch.bool)}),), {})
 
 
 # ---- split + collect ---------------------------------------------------------------------------
@@ -174,7 +177,7 @@ def test_empty_batch_and_preset_is_pad_are_refused():
 def test_dp_compute_balances_ranks_by_tokens():
     heavy = [prompt(100), prompt(90), prompt(80), prompt(70)] + [prompt(1)] * 4
     b = Batch(objects={"prompt": heavy, "uid": [str(i) for i in range(8)]})
-    per_rank, _ = split_args(Dispatch.DP_COMPUTE, 2, (b,), {})
+    per_rank, _ = split_args(DispatchSpec(Dispatch.DP_COMPUTE), 2, (b,), {})
     rank_loads = [sum(sample_tokens(args[0])) for args, _ in per_rank]
     assert rank_loads == [172, 172]  # contiguous chunks would give 340 and 4
 
@@ -183,7 +186,7 @@ def test_dp_compute_balances_ranks_by_tokens():
 @pytest.mark.parametrize("n", range(1, 8))
 def test_identity_worker_round_trips_exactly(world, n):
     original = samples(n, seed=n)
-    per_rank, plan = split_args(Dispatch.DP_COMPUTE, world, (original, "extra"), {"k": 1})
+    per_rank, plan = split_args(DispatchSpec(Dispatch.DP_COMPUTE), world, (original, "extra"), {"k": 1})
     assert len({len(args[0]) for args, _ in per_rank}) == 1
     assert all(args[1] == "extra" and kw == {"k": 1} for args, kw in per_rank)
     for (args, _), sources in zip(per_rank, plan.sources, strict=True):  # each row is what the plan names
@@ -203,7 +206,7 @@ def test_identity_worker_round_trips_exactly(world, n):
 
 
 def test_collect_drops_is_pad_a_worker_hands_back():
-    per_rank, plan = split_args(Dispatch.DP_COMPUTE, 2, (batch(3),), {})
+    per_rank, plan = split_args(DispatchSpec(Dispatch.DP_COMPUTE), 2, (batch(3),), {})
     back = collect(Dispatch.DP_COMPUTE, [args[0] for args, _ in per_rank], plan)
     assert back.keys() == ["i", "uid"]
     assert back["i"].tolist() == [0, 1, 2]
@@ -211,7 +214,7 @@ def test_collect_drops_is_pad_a_worker_hands_back():
 
 @pytest.mark.parametrize("n,world,k", [(5, 2, 3), (7, 3, 2), (2, 4, 4), (6, 3, 1)])
 def test_generate_like_worker_returns_blocks_in_original_order(n, world, k):
-    per_rank, plan = split_args(Dispatch.DP_COMPUTE, world, (samples(n),), {})
+    per_rank, plan = split_args(DispatchSpec(Dispatch.DP_COMPUTE), world, (samples(n),), {})
 
     def generate(prompts: Batch) -> Batch:  # k samples per prompt, consecutively
         rows = prompts.repeat(k)
@@ -224,7 +227,7 @@ def test_generate_like_worker_returns_blocks_in_original_order(n, world, k):
 
 
 def test_collect_refuses_rows_that_are_not_a_multiple_of_the_input():
-    per_rank, plan = split_args(Dispatch.DP_COMPUTE, 2, (batch(4),), {})
+    per_rank, plan = split_args(DispatchSpec(Dispatch.DP_COMPUTE), 2, (batch(4),), {})
     results = [Batch(tensors={"x": torch.zeros(3)}), Batch(tensors={"x": torch.zeros(2)})]
     with pytest.raises(ValueError, match="rank 0 returned 3 rows for 2 input rows"):
         collect(Dispatch.DP_COMPUTE, results, plan)
@@ -234,13 +237,34 @@ def test_collect_refuses_rows_that_are_not_a_multiple_of_the_input():
 
 def test_dp_compute_needs_a_batch():
     with pytest.raises(TypeError, match="Batch"):
-        split_args(Dispatch.DP_COMPUTE, 2, ([1, 2],), {})
+        split_args(DispatchSpec(Dispatch.DP_COMPUTE), 2, ([1, 2],), {})
 
 
 def test_one_to_all_and_rank_zero():
-    assert split_args(Dispatch.ONE_TO_ALL, 3, (1,), {}) == ([((1,), {})] * 3, None)
-    assert split_args(Dispatch.RANK_ZERO, 2, (1,), {"a": 2}) == ([((1,), {"a": 2})] * 2, None)
+    assert split_args(DispatchSpec(Dispatch.ONE_TO_ALL), 3, (1,), {}) == ([((1,), {})] * 3, None)
+    assert split_args(DispatchSpec(Dispatch.RANK_ZERO), 2, (1,), {"a": 2}) == ([((1,), {"a": 2})] * 2, None)
     assert collect(Dispatch.ONE_TO_ALL, ["a", "b"]) == ["a", "b"]
     assert collect(Dispatch.RANK_ZERO, ["a", "b"]) == "a"
     plan = DispatchPlan(sources=((0,), (1,)), num_samples=2)
     assert collect(Dispatch.DP_COMPUTE, [{"m": 1}, {"m": 2}], plan) == [{"m": 1}, {"m": 2}]
+
+
+def test_a_method_receives_only_the_fields_it_declares():
+    b = Batch(
+        tensors={"responses": torch.ones(4, 2), "response_mask": torch.ones(4, 2), "ref_log_probs": torch.zeros(4, 2)},
+        objects={"images": [[b"png" * 100]] * 4, "answer": ["x"] * 4, "prompt": ["p"] * 4},
+    )
+    spec = DispatchSpec(Dispatch.DP_COMPUTE, fields=("prompt", "responses", "response_mask"),
+                        optional=("ref_log_probs", "old_log_probs"))
+    per_rank, _ = split_args(spec, 2, (b,), {})
+    for (part, *_), _kwargs in per_rank:
+        assert sorted(part.keys()) == ["is_pad", "prompt", "ref_log_probs", "response_mask", "responses"]
+    whole, _ = split_args(spec, 2, (b,), {}, ship_all_fields=True)
+    assert "images" in whole[0][0][0].keys()
+    with pytest.raises(KeyError, match="old_log_probs.*log-probs of the policy before the update"):
+        split_args(DispatchSpec(Dispatch.DP_COMPUTE, fields=("old_log_probs",)), 2, (b,), {})
+
+
+def test_fields_are_only_for_dp_compute():
+    with pytest.raises(ValueError, match="DP_COMPUTE methods only"):
+        register(Dispatch.ONE_TO_ALL, fields=("x",))

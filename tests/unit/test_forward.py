@@ -11,6 +11,7 @@ from PIL import Image
 from mmrl.models.encoding import collate, encode_prompt
 from mmrl.models.forward import PolicyForward, ValueModel, core_model
 from mmrl.models.loading import load_model, load_processor
+from mmrl.models.weights import to_hf_names
 from mmrl.parallel.sharding import full_state
 from mmrl.rollout.base import SamplingParams
 from mmrl.rollout.hf import HFRolloutEngine
@@ -88,7 +89,7 @@ def test_owned_rollout_weights_arrive_then_are_freed(model_and_processor):
     assert sum(p.numel() for p in skeleton.parameters()) == 0
     prompt = encode_prompt(processor, [{"role": "user", "content": "Just text."}], [])
     params = SamplingParams(n=2, max_new_tokens=5, temperature=1e-3)
-    count = engine.update_weights(full_state(PolicyForward(model), "model."))
+    count = engine.update_weights(to_hf_names(full_state(PolicyForward(model))))
     assert count == len(dict(model.named_parameters()))
     torch.manual_seed(0)
     got = engine.generate([prompt], params)
@@ -102,7 +103,7 @@ def test_owned_rollout_weights_arrive_then_are_freed(model_and_processor):
 def test_update_weights_names_a_wrong_or_missing_tensor(model_and_processor):
     model, processor = model_and_processor
     engine = HFRolloutEngine(copy.deepcopy(model), processor, CPU, owns_weights=True)
-    named = list(full_state(PolicyForward(model), "model."))
+    named = list(to_hf_names(full_state(PolicyForward(model))))
     with pytest.raises(ValueError, match="has no parameter 'nope'"):
         engine.update_weights([("nope", torch.zeros(1))])
     name, tensor = named[0]

@@ -82,7 +82,7 @@ def test_sample_tokens_counts_prompt_and_response_tokens():
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
     b = Batch(tensors={"response_mask": mask}, objects={"prompt": [shared, shared, other]})
     assert sample_tokens(b) == [13, 11, 8]
-    assert sample_tokens(b.pop("prompt")) == [10, 10, 4]  # before rollout: prompt tokens only
+    assert sample_tokens(b.select_fields("prompt")) == [10, 10, 4]  # before rollout: prompt tokens only
 
 
 def test_sample_tokens_weighs_one_per_sample_without_prompts():

@@ -48,7 +48,6 @@ class PromptLoader:
         if len(rows) < batch_size:
             raise ValueError(f"the train split has {len(rows)} rows, fewer than trainer.prompts_per_step={batch_size}")
         self.rows, self.batch_size, self.rng = rows, batch_size, random.Random(seed)
-        self.epoch = 0
 
     def __iter__(self) -> Iterator[Batch]:
         while True:
@@ -56,4 +55,3 @@ class PromptLoader:
             self.rng.shuffle(order)
             for start in range(0, len(order) - self.batch_size + 1, self.batch_size):
                 yield rows_to_batch([self.rows[i] for i in order[start : start + self.batch_size]])
-            self.epoch += 1

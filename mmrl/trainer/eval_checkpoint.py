@@ -6,27 +6,27 @@ from typing import Any
 
 from mmrl.config import Config
 from mmrl.controller.worker import resolve_device
-from mmrl.models.loading import load_model, load_processor
+from mmrl.models.loading import load_processor
 from mmrl.protocol import Batch
-from mmrl.rollout.base import SamplingParams
-from mmrl.rollout.hf import HFRolloutEngine
-from mmrl.rollout.prompts import generate_samples
+from mmrl.rollout import SamplingParams, build_rollout_engine
+from mmrl.rollout.samples import generate_samples
 from mmrl.tracking import Tracker
+from mmrl.trainer.dataset import load_rows
 from mmrl.trainer.evaluation import EvalResult, evaluate, samples_html, samples_table
-from mmrl.trainer.prompts import load_rows
+from mmrl.trainer.reward_stage import Verifier
 
 
 def evaluate_checkpoint(cfg: Config, checkpoint: str, split: str) -> EvalResult:
+    """Greedy answers of ``checkpoint`` (through the configured rollout engine) on ``split``, verified."""
     device = resolve_device(cfg.resources.device)
     processor = load_processor(checkpoint)
-    model = load_model(checkpoint, cfg.model.dtype, cfg.model.attn_implementation, device).eval()
-    engine = HFRolloutEngine(model, processor, device, cfg.eval.batch_size)
+    engine = build_rollout_engine(cfg, checkpoint=checkpoint, processor=processor, device=device)
 
     def generate(prompts: Batch, params: SamplingParams) -> Batch:
         return generate_samples(engine, processor, prompts, params)
 
     rows = load_rows(cfg.data.dir, split)
-    return evaluate(generate, rows, cfg.eval.batch_size, cfg.eval.max_new_tokens)
+    return evaluate(generate, rows, Verifier(cfg.reward), cfg.eval.batch_size, cfg.eval.max_new_tokens)
 
 
 def run_eval(cfg: Config, checkpoint: str | None = None, run_name: str = "") -> dict[str, Any]:
