@@ -4,7 +4,9 @@ Runs, each in fresh worker processes (so that every peak is its own):
 
 1. one full GRPO-style step (rollout -> old and reference log-probs -> update) for N=1 and N=2 workers and
    every vision/llm strategy combination, timed over a few steps after a warm-up;
-2. the peak memory of actor + rollout + reference against the actor alone (log-probs + update only).
+2. the peak memory of actor + rollout + reference against the actor alone (log-probs + update only);
+3. the bytes one step sends to the workers, per method: the whole Batch (what every call shipped before
+   methods declared their fields) against the declared fields only.
 
 Peak memory is each worker's VmHWM over the measured steps only (the window is reset after loading, whose
 transient full copies would otherwise dominate), summed over the workers.
@@ -12,8 +14,8 @@ transient full copies would otherwise dominate), summed over the workers.
 Ratios are against the first row of each table, measured in the same command. This is a benchmark, not
 a test: it asserts nothing about speed.
 
-    make bench                     # configs/bench.yaml (an ~11 M parameter tiny model)
-    python -m pipelines.bench --config configs/bench.yaml bench_steps=3
+    make bench                                   # configs/bench.yaml (an ~11 M parameter tiny model)
+    make bench ARGS="trainer.prompts_per_step=16"  # any config key
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from mmrl.controller.session import ensure_ray
 from mmrl.controller.worker import resolve_device
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
-from mmrl.trainer.prompts import PromptLoader, load_rows
+from mmrl.trainer.dataset import PromptLoader, load_rows
 from mmrl.workers.hybrid import ActorRolloutRefWorker
 from pipelines.cli import parse
 
@@ -140,6 +142,29 @@ def memory_of(cfg: Config, batch: Batch, prompts: Batch, params: SamplingParams,
         group.shutdown()
 
 
+def bytes_per_step(cfg: Config, prompts: Batch, params: SamplingParams) -> list[list[str]]:
+    """Pickled bytes each method of one full step sends to the workers: whole Batches vs declared fields."""
+    group = spawn(variant(cfg, 1, "replicate", "replicate"))
+    try:
+        group.init_model(cfg, cfg.model.path, True)
+        group.count_bytes = True
+        sent = {}
+        for ship_all in (True, False):
+            group.ship_all_fields = ship_all
+            group.bytes_sent.clear()
+            torch.manual_seed(0)
+            full_step(group, prompts, params)
+            sent[ship_all] = dict(group.bytes_sent)
+    finally:
+        group.shutdown()
+    rows = []
+    for method in [*sent[True], "total"]:
+        whole = sum(sent[True].values()) if method == "total" else sent[True][method]
+        declared = sum(sent[False].values()) if method == "total" else sent[False][method]
+        rows.append([method, f"{whole / 1024:.1f}", f"{declared / 1024:.1f}", f"{declared / whole:.2f}x"])
+    return rows
+
+
 def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     print(f"\n{title}")
@@ -184,6 +209,10 @@ def main(argv: list[str] | None = None) -> None:
     print_table("Peak RSS of one step, all workers (MiB): actor alone (log-probs + update) vs actor + rollout + "
                 "reference; growth = peak minus the live memory the step started from",
                 ["N", "vision", "llm", "actor peak", "actor growth", "hybrid peak", "hybrid growth", "ratio"], rows)
+
+    print_table("KiB sent to the workers in one step (pickled call arguments): the whole Batch vs the fields each "
+                "method declares", ["method", "whole Batch", "declared fields", "ratio"],
+                bytes_per_step(cfg, prompts[0], params))
 
 
 if __name__ == "__main__":

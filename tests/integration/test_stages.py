@@ -1,28 +1,72 @@
 """The sft, eval and data stages as a user runs them (real model, real MLflow store, real files)."""
 
 import json
+from collections import defaultdict
 from pathlib import Path
 
+import mlflow
+import pytest
+import torch
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
+from data_prep.schema import decode_images
+from mmrl.models.encoding import collate, encode_prompt, vision_token_ids
+from mmrl.models.loading import load_model, load_processor
+from mmrl.trainer.dataset import load_rows
 from pipelines import data as data_stage
+from rewards import answer_match
 from mmrl.trainer.eval_checkpoint import run_eval
 from mmrl.trainer.sft import run_sft
 
 
-def test_sft_then_eval_write_checkpoint_and_mlflow_metrics(tiny_config):
+def reference_greedy(checkpoint: str, rows: list[dict], max_new_tokens: int) -> list[str]:
+    """Greedy responses one prompt at a time with plain transformers generate (no batching, no engine)."""
+    model, processor = load_model(checkpoint).eval(), load_processor(checkpoint)
+    tokenizer = processor.tokenizer
+    texts = []
+    for row in rows:
+        prompt = encode_prompt(processor, row["messages"], decode_images(row))
+        inputs = collate([prompt], tokenizer.pad_token_id)
+        with torch.no_grad():
+            out = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens,
+                                 suppress_tokens=vision_token_ids(tokenizer), eos_token_id=tokenizer.eos_token_id,
+                                 pad_token_id=tokenizer.pad_token_id)
+        tokens = out[0, len(prompt):].tolist()
+        if tokenizer.eos_token_id in tokens:
+            tokens = tokens[: tokens.index(tokenizer.eos_token_id) + 1]
+        texts.append(tokenizer.decode(tokens, skip_special_tokens=False))
+    return texts
+
+
+def test_sft_then_eval_match_a_one_prompt_at_a_time_reference(tiny_config, tmp_path):
+    """Eval's batched greedy answers equal plain single-prompt generation, and its accuracy is the
+    configured verifier per data_source: answer_match for colour, a plugin accepting anything for count."""
     cfg = tiny_config
-    cfg.sft.steps = 3
+    cfg.sft.steps = 20
     sft = run_sft(cfg)
     assert (Path(sft["checkpoint"]) / "model.safetensors").is_file()
     client = MlflowClient(cfg.tracking.uri)
-    assert len(client.get_metric_history(sft["mlflow_run_id"], "sft/loss")) == 3
+    assert len(client.get_metric_history(sft["mlflow_run_id"], "sft/loss")) == 20
+    lenient = tmp_path / "lenient.py"
+    lenient.write_text("def anything(response):\n    return 1.0\n")
+    cfg.reward.verifiers = {"synthetic/count": f"{lenient}:anything"}
     result = run_eval(cfg, sft["checkpoint"])
-    assert result["counts"]["all"] == 16  # the whole test split
-    assert 0.0 <= result["accuracy"]["all"] <= 1.0
+
+    rows = load_rows(cfg.data.dir, "test")
+    texts = reference_greedy(sft["checkpoint"], rows, cfg.eval.max_new_tokens)
+    logged = mlflow.artifacts.load_dict(f"runs:/{result['mlflow_run_id']}/rollouts/test.json")
+    assert logged["response"] == texts  # the first 16 samples: the whole 16-row test split
+    expected = defaultdict(list)
+    for row, text in zip(rows, texts):
+        lenient_source = row["data_source"] == "synthetic/count"
+        expected[row["data_source"]].append(1.0 if lenient_source else answer_match(text, row["answer"]))
+    assert result["counts"] == {"synthetic/colour": 8, "synthetic/count": 8, "all": 16}
+    for source, scores in expected.items():
+        assert result["accuracy"][source] == pytest.approx(sum(scores) / len(scores))
+    assert result["accuracy"]["synthetic/count"] == 1.0
     metrics = client.get_run(result["mlflow_run_id"]).data.metrics
-    assert {"test/acc", "test/synthetic/colour/acc", "test/synthetic/count/acc"} <= set(metrics)
+    assert metrics["test/acc"] == pytest.approx(sum(sum(s) for s in expected.values()) / 16)
 
 
 def test_data_stage_converts_user_jsonl_with_quarantine(tmp_path, capsys, tiny_model_dir):

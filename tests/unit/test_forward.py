@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -58,15 +59,32 @@ def test_dummy_vision_call_changes_nothing_but_reaches_the_tower(model_and_proce
     assert all(g is not None and float(g.abs().max()) == 0.0 for g in grads)
 
 
+def image_and_video_inputs(processor) -> dict[str, torch.Tensor]:
+    """One prompt holding an image and an 8-frame video, through the processor (the video branch)."""
+    content = [{"type": "image"}, {"type": "video"}, {"type": "text", "text": "Same colour?"}]
+    text = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                         tokenize=False)
+    frames = np.random.default_rng(0).integers(0, 255, size=(8, 56, 56, 3), dtype=np.uint8)
+    out = processor(text=[text], images=[Image.new("RGB", (56, 84), (10, 200, 30))], videos=[frames],
+                    return_tensors="pt", return_mm_token_type_ids=True)
+    return dict(out)
+
+
 def test_images_and_videos_share_one_vision_call(model_and_processor):
-    """Counts tower calls: Hugging Face calls it per modality; PolicyForward once per forward."""
+    """Counts tower calls on a prompt with an image and a video: Hugging Face's forward calls the tower
+    once per modality, PolicyForward once per forward; both give the same logits."""
     model, processor = model_and_processor
-    inputs = inputs_for(processor, with_image=True)
+    inputs = image_and_video_inputs(processor)
+    assert inputs["video_grid_thw"].tolist() == [[4, 4, 4]] and inputs["image_grid_thw"].tolist() == [[1, 6, 4]]
     calls = []
     hook = core_model(model).visual.register_forward_hook(lambda *_: calls.append(1))
-    PolicyForward(model)(inputs, 1)
+    with torch.no_grad():
+        expected = model(**inputs, use_cache=False).logits[:, -3:]
+        hf_calls, calls[:] = len(calls), []
+        got = PolicyForward(model)(inputs, 3)
     hook.remove()
-    assert calls == [1]
+    assert hf_calls == 2 and calls == [1]
+    assert torch.allclose(got, expected, atol=1e-5)
 
 
 def test_value_model_aligns_values_with_response_tokens(model_and_processor):

@@ -1,0 +1,49 @@
+"""The torchvision shim (mmrl/patches/torchvision_shim.py) against the installed, pinned versions."""
+
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmrl.patches.torchvision_shim import FAILURE_MARK, MODULE_NAME, torchvision_needs_shim
+
+SHIM_FILE = Path(sysconfig.get_paths()["purelib"]) / f"{MODULE_NAME}.py"
+WITHOUT_SHIM = (
+    "import sys\n"
+    f"sys.meta_path[:] = [f for f in sys.meta_path if type(f).__module__ != {MODULE_NAME!r}]\n"
+    "import torchvision\n"
+)
+
+
+def run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_torchvision_imports_in_a_fresh_process_of_this_environment():
+    """What `make install` promises: no 'torchvision::nms does not exist' anywhere (Ray workers, vLLM)."""
+    assert not torchvision_needs_shim()
+    probe = run("from torchvision.transforms import v2\nimport torch\n"
+                "print(tuple(v2.Resize((4, 6))(torch.zeros(3, 8, 8)).shape))")
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip() == "(3, 4, 6)"
+
+
+@pytest.mark.skipif(not SHIM_FILE.exists(), reason="torchvision's compiled ops load here: no shim installed")
+def test_the_shim_is_what_makes_the_import_work():
+    """With the shim's import hook removed, this environment's torchvision fails exactly as documented."""
+    failed = run(WITHOUT_SHIM)
+    assert failed.returncode != 0 and FAILURE_MARK in failed.stderr
+
+
+def test_the_video_processor_runs_with_the_installed_torchvision(tiny_model_dir):
+    """transformers' video processor needs torchvision's transforms: 8 frames of 56x56 -> a (4, 4, 4) grid."""
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    frames = np.random.default_rng(0).integers(0, 255, size=(8, 56, 56, 3), dtype=np.uint8)
+    out = processor.video_processor(videos=[frames], return_tensors="pt")
+    assert out["video_grid_thw"].tolist() == [[4, 4, 4]]
+    assert out["pixel_values_videos"].shape == (4 * 4 * 4, 3 * 2 * 14 * 14)
