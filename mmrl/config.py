@@ -135,6 +135,9 @@ class DataConfig:
     """Folder that the JSONL's image paths are relative to."""
     split: str = "train"
     """Name of the split written by the converter."""
+    max_prompt_tokens: int = num(4096, ge=1)
+    """The converter quarantines a row whose prompt (counted with the model's processor, image tokens
+    included) is longer."""
 
 
 @dataclass(kw_only=True)
@@ -267,6 +270,21 @@ class TrainerConfig:
     experiment: str = "mmrl"
     """MLflow experiment name."""
     run_name: str = ""
+    save_every: int = num(50, ge=0)
+    """Write a resumable checkpoint (``<out_dir>/step_<N>/``) every this many steps; the last step is
+    always saved. 0: only the last step."""
+    keep_last: int = num(2, ge=1)
+    """Resumable checkpoints kept; older ones are deleted once a newer one is complete."""
+    resume: str = "auto"
+    """``auto``: continue from the newest complete checkpoint in ``out_dir`` if there is one; ``never``:
+    start from ``init``; or the path of a ``step_<N>`` checkpoint folder."""
+    max_restarts: int = num(3, ge=0)
+    """Times a run rebuilds its workers from the newest checkpoint after a worker died or hung."""
+    step_timeout_s: float = num(1800.0, gt=0)
+    """A call to the workers (and any collective inside it) that takes longer counts as a hung worker."""
+    max_skipped_steps: int = num(3, ge=0)
+    """Steps in a row whose update may be skipped for a non-finite reward, advantage, loss or gradient;
+    one more stops the run with an error."""
 
 
 @dataclass(kw_only=True)

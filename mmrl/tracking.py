@@ -3,6 +3,8 @@
 Metric names follow one vocabulary, close to verl's: ``timing_s/<stage>``, ``perf/throughput``,
 ``actor/pg_loss``, ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/entropy``, ``actor/grad_norm``,
 ``critic/score/mean``, ``response_length/mean``, ``val/<data_source>/acc``, ``reward/num_errors``.
+Names built from data (a ``data_source``, a reward component) pass :func:`metric_name`, which turns them
+into names MLflow accepts. URIs with credentials are logged without them (:func:`redact_uri`).
 """
 
 from __future__ import annotations
@@ -11,10 +13,14 @@ import json
 import logging
 import math
 import os
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import mlflow
+from mlflow.tracking import MlflowClient
 
 from mmrl.config import Config, TrackingConfig, flatten, to_dict
 
@@ -42,23 +48,64 @@ def ensure_experiment(name: str, uri: str, cfg: TrackingConfig) -> None:
     mlflow.set_experiment(name)
 
 
-class Tracker:
-    """One MLflow run: params from the resolved config, metrics per step, artifacts."""
+_UNSAFE = re.compile(r"[^\w./\- :]")
+MAX_METRIC_NAME = 250
 
-    def __init__(self, cfg: Config, experiment: str, run_name: str, stage: str) -> None:
+
+def metric_name(key: str) -> str:
+    """``key`` as a name MLflow accepts: characters other than letters, digits, ``_ - . : /`` and spaces
+    become ``_``; empty, ``.`` and ``..`` path segments become ``_``; at most 250 characters."""
+    parts = [_UNSAFE.sub("_", part) for part in key.split("/")]
+    parts = ["_" if part in ("", ".", "..") else part for part in parts]
+    return "/".join(parts)[:MAX_METRIC_NAME]
+
+
+def redact_uri(uri: str) -> str:
+    """``uri`` without a user name or password (``https://u:p@host/x`` -> ``https://***@host/x``)."""
+    parts = urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
+
+
+class Tracker:
+    """One MLflow run: params from the resolved config, metrics per step, artifacts.
+
+    With ``resume_run_id`` the run continues (a resumed training run): params are not logged again, and
+    the history of ``history_keys`` is read back so that the curves cover the whole run.
+    """
+
+    def __init__(self, cfg: Config, experiment: str, run_name: str, stage: str, resume_run_id: str | None = None,
+                 history_keys: Sequence[str] = ()) -> None:
         self.uri = tracking_uri(cfg.tracking)
         mlflow.set_tracking_uri(self.uri)
         ensure_experiment(experiment, self.uri, cfg.tracking)
+        self.history: dict[str, list[tuple[int, float]]] = {}
+        if resume_run_id and _run_exists(resume_run_id):
+            self.run = mlflow.start_run(run_id=resume_run_id)
+            self.run_id = self.run.info.run_id
+            self._read_history(history_keys)
+            return
+        if resume_run_id:
+            log.warning("MLflow run %s is not in %s: the resumed training logs to a new run", resume_run_id,
+                        redact_uri(self.uri))
         self.run = mlflow.start_run(run_name=run_name or None, tags={"mmrl.stage": stage})
         self.run_id = self.run.info.run_id
-        self.history: dict[str, list[tuple[int, float]]] = {}
         params = {k: _param_value(v) for k, v in flatten(to_dict(cfg)).items()}
         items = list(params.items())
         for start in range(0, len(items), 100):  # MLflow takes at most 100 params per call
             mlflow.log_params(dict(items[start : start + 100]))
 
+    def _read_history(self, keys: Sequence[str]) -> None:
+        client = MlflowClient(self.uri)
+        for key in keys:
+            points = client.get_metric_history(self.run_id, metric_name(key))
+            if points:
+                self.history[key] = [(p.step, p.value) for p in sorted(points, key=lambda p: (p.step, p.timestamp))]
+
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        finite = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+        finite = {metric_name(k): float(v) for k, v in metrics.items()
+                  if isinstance(v, (int, float)) and math.isfinite(v)}
         for key, value in finite.items():
             self.history.setdefault(key, []).append((step, value))
         mlflow.log_metrics(finite, step=step)
@@ -76,8 +123,18 @@ class Tracker:
         mlflow.end_run(status=status)
 
 
+def _run_exists(run_id: str) -> bool:
+    try:
+        mlflow.get_run(run_id)
+    except mlflow.exceptions.MlflowException:
+        return False
+    return True
+
+
 def _param_value(value: Any) -> str:
     text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+    if "://" in text:
+        text = redact_uri(text)
     return text[:500]
 
 

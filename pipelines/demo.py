@@ -17,7 +17,7 @@ from mmrl.models.tiny import build_tiny_vlm, count_parameters
 from mmrl.trainer.eval_checkpoint import run_eval
 from mmrl.trainer.rl import run_rl
 from mmrl.trainer.sft import run_sft
-from mmrl.tracking import tracking_uri
+from mmrl.tracking import redact_uri, tracking_uri
 from pipelines import data, model
 from pipelines.cli import parse
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
         "rl_steps": cfg.trainer.steps,
         "wall_minutes": round(minutes, 2),
         "mlflow_run_id": rl["mlflow_run_id"],
-        "mlflow_tracking_uri": tracking_uri(cfg.tracking),
+        "mlflow_tracking_uri": redact_uri(tracking_uri(cfg.tracking)),
         "sft_acc_by_source": sft_eval["accuracy"],
         "rl_acc_by_source": rl_eval["accuracy"],
         "stage_seconds": stage_s,

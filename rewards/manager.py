@@ -1,8 +1,9 @@
 """Scoring a batch with a user's reward function, isolating each sample.
 
 One sample's failure must not stop training: a reward function that raises,
-hangs past the timeout or returns NaN/inf scores 0.0 for that sample, is
-counted and logged, and the other samples are scored as usual.
+hangs past the timeout or returns NaN/inf (or a value beyond float32's range)
+scores 0.0 for that sample, is counted and logged, and the other samples are
+scored as usual.
 """
 
 from __future__ import annotations
@@ -90,9 +91,9 @@ def _summarise(outcomes: list[Outcome], fn: RewardFn, timeout_s: float) -> Rewar
         elif outcome.error is not None:
             result.num_errors += 1
             _report(result, index, f"{type(outcome.error).__name__}: {outcome.error}", outcome.error)
-        elif not all(math.isfinite(v) for v in values.values()):
+        elif not all(_representable(v) for v in values.values()):
             result.num_nan += 1
-            _report(result, index, f"ValueError: non-finite reward {values}")
+            _report(result, index, f"ValueError: non-finite reward {values} (or beyond float32's range)")
         else:
             valid[index] = values
             result.scores[index] = values["score"]
@@ -113,6 +114,14 @@ def _report(result: RewardResult, index: int, message: str, exc: BaseException |
     text = f"sample {index}: {message}"
     result.errors.append(text)
     logger.warning("reward failed for %s", text, exc_info=exc)
+
+
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _representable(value: float) -> bool:
+    """Finite, and still finite once training turns it into float32 (1e39 would become inf)."""
+    return math.isfinite(value) and abs(value) <= FLOAT32_MAX
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -3,6 +3,6 @@
 from mmrl.controller.dispatch import Dispatch, register
 from mmrl.controller.resource_pool import ResourcePool
 from mmrl.controller.worker import Worker
-from mmrl.controller.worker_group import WorkerGroup
+from mmrl.controller.worker_group import WorkerFailure, WorkerGroup
 
-__all__ = ["Dispatch", "register", "ResourcePool", "Worker", "WorkerGroup"]
+__all__ = ["Dispatch", "register", "ResourcePool", "Worker", "WorkerFailure", "WorkerGroup"]

@@ -12,14 +12,18 @@ WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore::Depr
 
 
 def ensure_ray(cfg: ResourcesConfig) -> None:
-    """Join ``resources.ray_address`` or start a local Ray without the dashboard (about 3 s)."""
+    """Join ``resources.ray_address``, or start a new local Ray without the dashboard (about 3 s).
+
+    ``address="local"`` always starts a new instance: a bare ``ray.init()`` would join whatever cluster
+    Ray's temp folder names (a user's running cluster, or a stale one left by a crash).
+    """
     if ray.is_initialized():
         return
     runtime_env = {"env_vars": WORKER_ENV}
     if cfg.ray_address:
         ray.init(address=cfg.ray_address, runtime_env=runtime_env)
     else:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, runtime_env=runtime_env,
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, runtime_env=runtime_env,
                  log_to_driver=True, configure_logging=False)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import datetime
 import gc
 import os
 import resource
@@ -64,8 +65,9 @@ class Worker:
             port = sock.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
-    def init_process_group(self, master_addr: str, master_port: int) -> None:
-        """Join the group's process group: nccl on GPU, gloo on CPU."""
+    def init_process_group(self, master_addr: str, master_port: int, timeout_s: float = 1800.0) -> None:
+        """Join the group's process group: nccl on GPU, gloo on CPU. A collective that waits longer than
+        ``timeout_s`` for a peer (dead or hung) fails instead of hanging."""
         os.environ.update(
             MASTER_ADDR=master_addr,
             MASTER_PORT=str(master_port),
@@ -75,8 +77,14 @@ class Worker:
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         if not dist.is_initialized():
             dist.init_process_group(
-                backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank, world_size=self.world_size
+                backend, init_method=f"tcp://{master_addr}:{master_port}", rank=self.rank,
+                world_size=self.world_size, timeout=datetime.timedelta(seconds=timeout_s),
             )
+
+    @register(Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        """This rank's process id (for tests that kill a worker)."""
+        return os.getpid()
 
     @register(Dispatch.ONE_TO_ALL)
     def peak_rss_mb(self) -> float:

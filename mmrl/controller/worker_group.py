@@ -1,16 +1,33 @@
-"""A WorkerGroup: N Ray actors of one Worker class, called as one SPMD program."""
+"""A WorkerGroup: N Ray actors of one Worker class, called as one SPMD program.
+
+Every call has a deadline (``timeout_s``). A rank whose process died (killed, out of memory, its node
+lost) or a call past its deadline raises :class:`WorkerFailure`, which the driver recovers from by
+rebuilding the groups from a checkpoint; an ordinary exception inside a worker method is re-raised as is.
+"""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import time
 from collections import Counter
 from typing import Any
 
 import ray
+from ray.exceptions import NodeDiedError, OutOfMemoryError, RayActorError, RayTaskError, WorkerCrashedError
 
 from mmrl.controller.dispatch import DISPATCH_ATTR, DispatchSpec, collect, split_args
 from mmrl.controller.resource_pool import ResourcePool
+
+# Errors that mean a rank's process is gone: the call can never complete.
+DEATH = (RayActorError, OutOfMemoryError, WorkerCrashedError, NodeDiedError)
+# After one rank raises, how long the others get to show whether a peer died (a collective broken by a
+# dead peer fails on the survivors too, often before Ray reports the death).
+GRACE_S = 15.0
+
+
+class WorkerFailure(RuntimeError):
+    """A rank died or a call hung past its deadline: the group is unusable and must be rebuilt."""
 
 
 class WorkerGroup:
@@ -21,11 +38,20 @@ class WorkerGroup:
     """
 
     def __init__(
-        self, worker_cls: type, pool: ResourcePool, threads: int = 0, device: str = "auto", share: float = 1.0
+        self,
+        worker_cls: type,
+        pool: ResourcePool,
+        threads: int = 0,
+        device: str = "auto",
+        share: float = 1.0,
+        timeout_s: float = 1800.0,
     ) -> None:
-        """``share``: the fraction of each bundle a rank takes; colocated groups on one pool take 0.5 each."""
+        """``share``: the fraction of each bundle a rank takes; colocated groups on one pool take 0.5 each.
+        ``timeout_s``: the deadline of every call, and of every collective inside one."""
         self.pool = pool
         self.world_size = pool.world_size
+        self.name = worker_cls.__name__
+        self.timeout_s = timeout_s
         self.ship_all_fields = False
         """Send whole Batches to DP_COMPUTE methods, ignoring their declared fields (a ``make bench`` baseline)."""
         self.count_bytes = False
@@ -41,9 +67,10 @@ class WorkerGroup:
             ).remote(rank, self.world_size, threads, device)
             for rank in range(self.world_size)
         ]
-        master_addr, master_port = ray.get(self.workers[0].node_address.remote())
-        ray.get([w.init_process_group.remote(master_addr, master_port) for w in self.workers])
         pool.acquire()
+        master_addr, master_port = self._gather("node_address", [self.workers[0].node_address.remote()])[0]
+        self._gather("init_process_group",
+                     [w.init_process_group.remote(master_addr, master_port, timeout_s) for w in self.workers])
         self._bind(worker_cls)
 
     def _bind(self, worker_cls: type) -> None:
@@ -57,7 +84,31 @@ class WorkerGroup:
         if self.count_bytes:
             self.bytes_sent[method] += sum(len(ray.cloudpickle.dumps(call)) for call in per_rank)
         refs = [getattr(w, method).remote(*a, **kw) for w, (a, kw) in zip(self.workers, per_rank)]
-        return collect(spec.mode, ray.get(refs), plan)
+        return collect(spec.mode, self._gather(method, refs), plan)
+
+    def _gather(self, method: str, refs: list[ray.ObjectRef]) -> list[Any]:
+        """Every rank's result, in rank order; raises WorkerFailure when a rank died or the deadline passed."""
+        deadline = time.monotonic() + self.timeout_s
+        pending, error = list(refs), None
+        while pending:
+            wait_s = deadline - time.monotonic() if error is None else min(GRACE_S, deadline - time.monotonic())
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(wait_s, 0))
+            if not ready:
+                if error is not None:
+                    raise error  # the others are stuck behind the failed rank, none died: a plain error
+                late = [refs.index(r) for r in pending]
+                raise WorkerFailure(f"{self.name}.{method} did not finish within trainer.step_timeout_s="
+                                    f"{self.timeout_s:g} s on ranks {late}: treating them as hung")
+            try:
+                ray.get(ready[0])
+            except DEATH as err:
+                rank = refs.index(ready[0])
+                raise WorkerFailure(f"{self.name} rank {rank} died during {method}: {type(err).__name__}") from err
+            except RayTaskError as err:
+                error = error or err  # wait a little: if a peer died, this is the aftermath, not the cause
+        if error is not None:
+            raise error
+        return ray.get(refs)
 
     def shutdown(self) -> None:
         """Kill the ranks and release this group's hold on the pool (a pool shared with another group is

@@ -42,16 +42,36 @@ def rows_to_batch(rows: list[dict[str, Any]]) -> Batch:
 
 
 class PromptLoader:
-    """Endless batches of ``batch_size`` prompts, reshuffled every epoch from ``seed``."""
+    """Endless batches of ``batch_size`` prompts, reshuffled every epoch from ``seed`` (an incomplete last
+    batch of an epoch is dropped). Its position is part of a checkpoint (:meth:`state_dict`)."""
 
     def __init__(self, rows: list[dict[str, Any]], batch_size: int, seed: int) -> None:
         if len(rows) < batch_size:
             raise ValueError(f"the train split has {len(rows)} rows, fewer than trainer.prompts_per_step={batch_size}")
         self.rows, self.batch_size, self.rng = rows, batch_size, random.Random(seed)
+        self.order: list[int] = []
+        self.position = 0
+
+    def next_batch(self) -> Batch:
+        if self.position + self.batch_size > len(self.order):
+            self.order = list(range(len(self.rows)))
+            self.rng.shuffle(self.order)
+            self.position = 0
+        indices = self.order[self.position : self.position + self.batch_size]
+        self.position += self.batch_size
+        return rows_to_batch([self.rows[i] for i in indices])
 
     def __iter__(self) -> Iterator[Batch]:
         while True:
-            order = list(range(len(self.rows)))
-            self.rng.shuffle(order)
-            for start in range(0, len(order) - self.batch_size + 1, self.batch_size):
-                yield rows_to_batch([self.rows[i] for i in order[start : start + self.batch_size]])
+            yield self.next_batch()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.getstate(), "order": list(self.order), "position": self.position,
+                "num_rows": len(self.rows)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["num_rows"] != len(self.rows):
+            raise ValueError(f"the checkpoint's prompt loader read a train split of {state['num_rows']} rows, "
+                             f"this one has {len(self.rows)}; resume with the same data.dir")
+        self.rng.setstate(state["rng"])
+        self.order, self.position = list(state["order"]), state["position"]

@@ -7,6 +7,8 @@ One step, as in design.md::
     -> (critic values) -> the algorithm's advantages -> (critic update) -> actor update
 
 What differs between algorithms is read from the algorithm object (:mod:`mmrl.algos`), never from its name.
+Around the steps: a resumable checkpoint every ``trainer.save_every`` steps, resume from one, and recovery
+from a dead or hung worker (rebuild the groups, load the newest checkpoint, carry on).
 """
 
 from __future__ import annotations
@@ -17,18 +19,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-import torch
-
 from mmrl.algos import build_algorithm, needs_reference
 from mmrl.config import Config
-from mmrl.controller import ResourcePool, WorkerGroup
+from mmrl.controller import ResourcePool, WorkerFailure, WorkerGroup
 from mmrl.controller.session import ensure_ray, worker_shape
 from mmrl.controller.worker import resolve_device
+from mmrl.models.loading import check_checkpoint
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
 from mmrl.tracking import Tracker, console_line
+from mmrl.trainer.checkpoint import CheckpointManager, DriverState, load_driver_state, resume_point
 from mmrl.trainer.dataset import PromptLoader, load_rows
 from mmrl.trainer.evaluation import EvalResult, evaluate, samples_html, samples_table
+from mmrl.trainer.metrics import non_finite, step_metrics, timing_metrics, value_metrics
 from mmrl.trainer.plots import plot_curves
 from mmrl.trainer.reward_stage import Verifier, build_reward_stage, place_on_last_token
 from mmrl.workers.critic import CriticWorker
@@ -50,6 +53,7 @@ class RLTrainer:
     def __init__(self, cfg: Config, checkpoint: str | None = None) -> None:
         self.cfg = cfg
         self.checkpoint = checkpoint or cfg.trainer.init
+        check_checkpoint(self.checkpoint, "trainer.init")  # before any worker starts
         self.algorithm = build_algorithm(cfg)
         self.with_reference = needs_reference(cfg)
         self.sampling = SamplingParams(
@@ -60,14 +64,23 @@ class RLTrainer:
         self.verifier = Verifier(cfg.reward)
         self.train_rows = load_rows(cfg.data.dir, "train")
         self.val_rows = load_rows(cfg.data.dir, "val", limit=cfg.trainer.val_size)
+        self.checkpoints = CheckpointManager(cfg.trainer.out_dir, cfg.trainer.keep_last)
         self.timing: dict[str, float] = {}
+        self.restarts = 0
+        self.reset_progress()
+
+    def reset_progress(self) -> None:
+        """Step 0: the loader at its seed, no checkpoint to come back to."""
+        self.loader = PromptLoader(self.train_rows, self.cfg.trainer.prompts_per_step, self.cfg.seed)
+        self.step_no, self.skipped_in_a_row = 0, 0
+        self.last_checkpoint: Path | None = None
 
     # ---- set-up -------------------------------------------------------------------------------
 
     def build_workers(self) -> None:
         """The actor-rollout-ref group, and the critic group when the algorithm needs one (colocated on
         the actor's pool, or on its own)."""
-        res = self.cfg.resources
+        res, timeout = self.cfg.resources, self.cfg.trainer.step_timeout_s
         ensure_ray(res)
         use_gpu = resolve_device(res.device).type == "cuda"
         with_critic = self.algorithm.needs_critic
@@ -75,40 +88,53 @@ class RLTrainer:
         cpus, threads = worker_shape(res, use_gpu, pools=2 if separate else 1)
         pool = ResourcePool(res.num_workers, cpus, use_gpu, name="actor_rollout_ref")
         share = 0.5 if with_critic and not separate else 1.0
-        self.workers = WorkerGroup(ActorRolloutRefWorker, pool, threads=threads, device=res.device, share=share)
+        group = dict(threads=threads, device=res.device, share=share, timeout_s=timeout)
+        self.workers = WorkerGroup(ActorRolloutRefWorker, pool, **group)
         self.workers.init_model(self.cfg, self.checkpoint, self.with_reference)
         self.critic: WorkerGroup | None = None
         if with_critic:
             critic_pool = ResourcePool(res.num_workers, cpus, use_gpu, name="critic") if separate else pool
-            self.critic = WorkerGroup(CriticWorker, critic_pool, threads=threads, device=res.device, share=share)
+            self.critic = WorkerGroup(CriticWorker, critic_pool, **group)
             self.critic.init_model(self.cfg, self.cfg.critic.init or self.checkpoint)
 
     # ---- the loop -----------------------------------------------------------------------------
 
-    def fit(self, tracker: Tracker) -> dict[str, float]:
-        """Run ``trainer.steps`` steps; evaluate every ``eval_every``; save the final checkpoint."""
-        cfg = self.cfg.trainer
+    def fit(self, tracker: Tracker, resume: Path | None = None) -> dict[str, float]:
+        """Run up to ``trainer.steps`` (from ``resume`` when given), recovering from worker failures;
+        export the final policy in Hugging Face format."""
         self.build_workers()
-        loader = iter(PromptLoader(self.train_rows, cfg.prompts_per_step, self.cfg.seed))
+        if resume is not None:
+            self.restore(resume)
         last_eval: dict[str, float] = {}
-        for step in range(1, cfg.steps + 1):
-            metrics = self.step(next(loader))
-            evaluate_now = (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps
-            if evaluate_now:
-                last_eval = self.validate(tracker, step)
-                metrics.update(last_eval)
-            tracker.log_metrics(metrics, step)
-            if evaluate_now:
-                self.log_curves(tracker)  # refreshed at every evaluation, so a live run shows its curves
-            print(console_line(step, cfg.steps, metrics, CONSOLE), flush=True)
-        path = self.workers.save_checkpoint(str(Path(cfg.out_dir) / "checkpoint"))
-        tracker.log_text(path, "checkpoint_path.txt")
-        if self.critic is not None:
-            self.critic.save_checkpoint(str(Path(cfg.out_dir) / "critic"))
+        while self.step_no < self.cfg.trainer.steps:
+            try:
+                last_eval = self.train_step(tracker) or last_eval
+            except WorkerFailure as failure:
+                self.recover(failure, tracker)
+        self.export(tracker)
         return last_eval
 
+    def train_step(self, tracker: Tracker) -> dict[str, float] | None:
+        """Step ``step_no + 1``: train, evaluate when due, log, checkpoint when due. Returns the eval metrics."""
+        cfg, step = self.cfg.trainer, self.step_no + 1
+        metrics = self.step(self.loader.next_batch())
+        self.count_skip(step, metrics)
+        evaluated = None
+        if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+            evaluated = self.validate(tracker, step)
+            metrics.update(evaluated)
+        tracker.log_metrics(metrics, step)
+        if evaluated is not None:
+            self.log_curves(tracker)  # refreshed at every evaluation, so a live run shows its curves
+        print(console_line(step, cfg.steps, metrics, CONSOLE), flush=True)
+        self.step_no = step
+        if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
+            self.save(tracker)
+        return evaluated
+
     def step(self, prompts: Batch) -> dict[str, float]:
-        """One RL step on a Batch of prompts; returns its metrics."""
+        """One RL step on a Batch of prompts; returns its metrics. Skips the updates (and says so in
+        ``trainer/skipped_step``) when a reward or an advantage is not finite."""
         self.timing = {}
         with self.timer("step"):
             with self.timer("gen"):
@@ -126,13 +152,9 @@ class RLTrainer:
                     batch = batch.union(self.critic.compute_values(batch))
             with self.timer("adv"):
                 batch = batch.union(self.algorithm.compute_advantages(batch))
-            if self.critic is not None:
-                with self.timer("update_critic"):
-                    metrics |= self.critic.update_critic(batch)[0]
-            with self.timer("update_actor"):
-                metrics |= self.workers.update_actor(batch)[0]
-        metrics |= filter_metrics | self.step_metrics(batch) | self.value_metrics(batch)
-        return metrics | self.timing_metrics(batch)
+            metrics |= self.update(batch)
+        metrics |= filter_metrics | step_metrics(batch) | value_metrics(batch)
+        return metrics | timing_metrics(batch, self.timing, self.workers.world_size)
 
     def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """The reward stage's scores as ``token_level_rewards`` (on each response's last token), the
@@ -143,54 +165,91 @@ class RLTrainer:
         metrics["train/acc"] = sum(correct) / len(correct)
         return batch, metrics
 
-    @staticmethod
-    def value_metrics(batch: Batch) -> dict[str, float]:
-        """Value and return statistics, and the explained variance of the returns by the values."""
-        if "values" not in batch.tensors:
-            return {}
-        mask = batch["response_mask"].bool()
-        values, returns = batch["values"][mask], batch["returns"][mask]
-        var = returns.var(unbiased=False)
-        explained = 1 - (returns - values).var(unbiased=False) / var if var > 0 else torch.tensor(float("nan"))
-        return {
-            "critic/values/mean": float(values.mean()),
-            "critic/returns/mean": float(returns.mean()),
-            "critic/vf_explained_var": float(explained),
-        }
+    def update(self, batch: Batch) -> dict[str, float]:
+        """The critic's and the actor's updates, unless a reward or advantage is not finite."""
+        bad = non_finite(batch, ("token_level_rewards", "advantages", "returns"))
+        if bad:
+            log.warning("non-finite %s in this step's batch: the critic and actor updates are skipped", bad)
+            return {"trainer/skipped_step": 1.0}
+        metrics: dict[str, float] = {}
+        if self.critic is not None:
+            with self.timer("update_critic"):
+                metrics |= self.critic.update_critic(batch)[0]
+        with self.timer("update_actor"):
+            metrics |= self.workers.update_actor(batch)[0]
+        skipped = metrics.get("actor/skipped_updates", 0.0) + metrics.get("critic/skipped_updates", 0.0)
+        return metrics | {"trainer/skipped_step": float(skipped > 0)}
 
-    @staticmethod
-    def step_metrics(batch: Batch) -> dict[str, float]:
-        """Score, advantage (over valid tokens) and length statistics, and the rollout/trainer agreement."""
-        mask = batch["response_mask"]
-        lengths = mask.sum(-1)
-        scores = batch["token_level_rewards"].sum(-1)
-        adv = batch["advantages"][mask.bool()]
-        return {
-            "critic/score/mean": float(scores.mean()),
-            "critic/score/max": float(scores.max()),
-            "critic/score/min": float(scores.min()),
-            "critic/advantages/mean": float(adv.mean()),
-            "critic/advantages/max": float(adv.max()),
-            "critic/advantages/min": float(adv.min()),
-            "response_length/mean": float(lengths.float().mean()),
-            "response_length/max": float(lengths.max()),
-            "response_length/clip_ratio": float((lengths >= mask.shape[1]).float().mean()),
-            "actor/entropy_old": float((batch["entropy"] * mask).sum() / mask.sum()),
-            "rollout/logprob_diff_max": float(((batch["rollout_log_probs"] - batch["old_log_probs"]).abs() * mask).max()),
-        }
-
-    def timing_metrics(self, batch: Batch) -> dict[str, float]:
-        tokens = float(batch["response_mask"].sum()) + sum(len(p) for p in batch["prompt"])
-        metrics = {f"timing_s/{k}": v for k, v in self.timing.items()}
-        metrics["perf/throughput"] = tokens / self.timing["step"] / self.workers.world_size
-        metrics["perf/total_num_tokens"] = tokens
-        return metrics
+    def count_skip(self, step: int, metrics: dict[str, float]) -> None:
+        """Stop the run when more than ``trainer.max_skipped_steps`` steps in a row skipped their update."""
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if metrics["trainer/skipped_step"] else 0
+        if self.skipped_in_a_row > self.cfg.trainer.max_skipped_steps:
+            raise RuntimeError(
+                f"step {step}: {self.skipped_in_a_row} steps in a row skipped their update for non-finite rewards, "
+                f"advantages, losses or gradients (trainer.max_skipped_steps={self.cfg.trainer.max_skipped_steps}); "
+                "see the warnings above for which, and check the reward function and the learning rate"
+            )
 
     @contextmanager
     def timer(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
         yield
         self.timing[name] = time.perf_counter() - start
+
+    # ---- checkpoints and recovery -------------------------------------------------------------
+
+    def save(self, tracker: Tracker) -> None:
+        """A resumable checkpoint of the step just finished (every group writes its part, then the driver)."""
+        start = time.perf_counter()
+        tmp = self.checkpoints.begin(self.step_no)
+        self.workers.save_state(str(tmp / "actor"))
+        if self.critic is not None:
+            self.critic.save_state(str(tmp / "critic"))
+        state = DriverState(self.step_no, tracker.run_id, self.loader.state_dict(), self.skipped_in_a_row)
+        meta = {"algorithm": self.cfg.algorithm.name, "num_workers": self.cfg.resources.num_workers,
+                "actor_layout": [self.cfg.actor.vision.strategy, self.cfg.actor.llm.strategy],
+                "init": self.checkpoint}
+        self.last_checkpoint = self.checkpoints.commit(tmp, state, meta)
+        tracker.log_metrics({"timing_s/save_checkpoint": time.perf_counter() - start}, self.step_no)
+
+    def restore(self, folder: Path) -> None:
+        """Load a checkpoint into the (freshly built) groups and the driver."""
+        if self.critic is not None and not (folder / "critic").is_dir():
+            raise ValueError(f"{folder} holds no critic, but algorithm.name={self.cfg.algorithm.name} needs one; "
+                             "resume with the algorithm it was saved with, or trainer.resume=never")
+        state = load_driver_state(folder)
+        self.workers.load_state(str(folder / "actor"))
+        if self.critic is not None:
+            self.critic.load_state(str(folder / "critic"))
+        self.loader.load_state_dict(state.loader)
+        self.step_no, self.skipped_in_a_row = state.step, state.skipped_in_a_row
+        self.last_checkpoint = folder
+        print(f"resumed from {folder} at step {state.step}", flush=True)
+
+    def recover(self, failure: WorkerFailure, tracker: Tracker) -> None:
+        """Rebuild the worker groups and continue from the newest checkpoint (or from step 0)."""
+        limit = self.cfg.trainer.max_restarts
+        if self.restarts >= limit:
+            raise RuntimeError(f"a worker failed again after {self.restarts} restarts (trainer.max_restarts="
+                               f"{limit}): {failure}") from failure
+        self.restarts += 1
+        point = self.last_checkpoint
+        print(f"restart {self.restarts}/{limit} at step {self.step_no + 1}: {failure}; rebuilding the workers from "
+              f"{point or 'trainer.init (no checkpoint yet)'}", flush=True)
+        self.shutdown()
+        self.reset_progress()
+        self.build_workers()
+        if point is not None:
+            self.restore(point)
+        tracker.log_metrics({"trainer/restarts": float(self.restarts)}, self.step_no + 1)
+
+    def export(self, tracker: Tracker) -> None:
+        """The final policy in Hugging Face format (and the critic's weights)."""
+        out = Path(self.cfg.trainer.out_dir)
+        path = self.workers.save_checkpoint(str(out / "checkpoint"))
+        tracker.log_text(path, "checkpoint_path.txt")
+        if self.critic is not None:
+            self.critic.save_checkpoint(str(out / "critic"))
 
     # ---- evaluation and artifacts -------------------------------------------------------------
 
@@ -214,11 +273,16 @@ class RLTrainer:
 
 
 def run_rl(cfg: Config) -> dict[str, float]:
-    """The ``make rl`` stage: train, log to MLflow, save ``<trainer.out_dir>/checkpoint``."""
+    """The ``make rl`` stage: train (resuming per ``trainer.resume``), log to MLflow, save
+    ``<trainer.out_dir>/checkpoint``."""
+    resume = resume_point(cfg)
     trainer = RLTrainer(cfg)
-    tracker = Tracker(cfg, cfg.trainer.experiment, cfg.trainer.run_name or "rl", stage="rl")
+    run_id = load_driver_state(resume).mlflow_run_id if resume is not None else None
+    keys = [key for keys in CURVES.values() for key in keys]
+    tracker = Tracker(cfg, cfg.trainer.experiment, cfg.trainer.run_name or "rl", stage="rl", resume_run_id=run_id,
+                      history_keys=keys)
     try:
-        result = trainer.fit(tracker)
+        result = trainer.fit(tracker, resume)
         result["mlflow_run_id"] = tracker.run_id  # type: ignore[assignment]
         tracker.finish()
         return result

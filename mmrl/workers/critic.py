@@ -14,12 +14,13 @@ from safetensors.torch import save_file
 
 from mmrl.algos.losses import value_loss
 from mmrl.config import Config, CriticConfig
-from mmrl.controller import Dispatch, Worker, register
+from mmrl.controller import Dispatch, register
 from mmrl.models.encoding import collate
 from mmrl.models.loading import load_processor
 from mmrl.parallel.sharding import Layout, full_state
 from mmrl.protocol import Batch
 from mmrl.workers.model_builder import build_model
+from mmrl.workers.train_state import CheckpointedWorker
 from mmrl.workers.update import AllReduce, DataParallelUpdater
 
 SCORED = ("prompt", "responses", "response_mask")
@@ -60,7 +61,7 @@ class ValueUpdater(DataParallelUpdater):
         return loss, {"vf_loss": float(loss.detach()), **{k: v * tokens for k, v in metrics.items()}}
 
 
-class CriticWorker(Worker):
+class CriticWorker(CheckpointedWorker):
     """One data-parallel rank of the critic."""
 
     @register(Dispatch.ONE_TO_ALL)

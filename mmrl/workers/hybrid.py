@@ -18,7 +18,7 @@ import torch
 
 from mmrl.algos import needs_reference, policy_loss
 from mmrl.config import Config
-from mmrl.controller import Dispatch, Worker, register
+from mmrl.controller import Dispatch, register
 from mmrl.models.encoding import vision_token_ids
 from mmrl.models.loading import load_processor, save_checkpoint
 from mmrl.models.weights import to_hf_names
@@ -28,11 +28,12 @@ from mmrl.rollout import RolloutEngine, SamplingParams, build_rollout_engine
 from mmrl.rollout.samples import generate_samples
 from mmrl.workers.actor import LogProbSpec, PolicyUpdater, batched_logprobs
 from mmrl.workers.model_builder import build_model
+from mmrl.workers.train_state import CheckpointedWorker
 
 SCORED = ("prompt", "responses", "response_mask")  # what every log-prob pass reads
 
 
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(CheckpointedWorker):
     """One data-parallel rank of the policy. Methods take and return :class:`Batch` es."""
 
     @register(Dispatch.ONE_TO_ALL)

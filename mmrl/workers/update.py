@@ -4,11 +4,14 @@ Each rank holds an equal-size slice of a step's batch (padded rows carry a zero 
 epoch and mini-batch: losses are normalised by the mini-batch's *global* token (or sequence) count, the
 micro-batch gradients accumulate, replicated gradients are summed over ranks (FSDP sums the sharded
 ones), the global norm is clipped, and the optimizer steps. N ranks thus compute exactly the update one
-rank would compute on the whole mini-batch.
+rank would compute on the whole mini-batch. A non-finite loss (on any rank) or gradient norm skips the
+optimizer step on every rank: nothing non-finite reaches the weights (counted as ``skipped_updates``).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -19,6 +22,7 @@ from mmrl.parallel.sharding import Layout
 from mmrl.protocol import Batch, balanced_sizes
 
 AllReduce = Callable[[torch.Tensor], torch.Tensor]
+log = logging.getLogger(__name__)
 
 
 def build_optimizer(
@@ -71,7 +75,8 @@ class DataParallelUpdater:
                 for key, value in self.update_mini_batch(mini).items():
                     totals[key] = totals.get(key, 0.0) + value
                 num_updates += 1
-        metrics = {f"{self.prefix}/{k}": v / num_updates for k, v in totals.items()}
+        # Means over the mini-batch updates, but the count of skipped ones.
+        metrics = {f"{self.prefix}/{k}": v if k == "skipped_updates" else v / num_updates for k, v in totals.items()}
         metrics[f"{self.prefix}/lr"] = self.scheduler.get_last_lr()[0]
         return metrics
 
@@ -89,20 +94,30 @@ class DataParallelUpdater:
         tokens = max(self.global_count(mini["response_mask"].sum()), 1.0)
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}  # this rank's partial sums of each metric; summed over ranks below
+        non_finite_losses = 0
         for start in range(0, len(mini), self.cfg.micro_batch_size):
             micro = mini.slice(start, start + self.cfg.micro_batch_size)
             loss, parts = self.micro_loss(micro, denominator)
             loss.backward()
+            non_finite_losses += not math.isfinite(float(loss.detach()))
             for key, value in parts.items():
                 sums[key] = sums.get(key, 0.0) + value
         sum_replicated_grads(self.layout.replicated, self.all_reduce)
         grad_norm = clip_grad_norm(self.layout.trainable(), self.cfg.grad_clip)
-        self.optimizer.step()
-        self.scheduler.step()
+        # Every rank takes the same decision: the loss count is summed, the norm is already global.
+        skip = self.global_count(non_finite_losses) > 0 or not math.isfinite(grad_norm)
+        if skip:
+            log.warning("%s: non-finite %s; this mini-batch update is skipped", self.prefix,
+                        "loss" if non_finite_losses else f"gradient norm ({grad_norm})")
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
         keys = sorted(sums)  # every rank runs the same code on as many micro-batches: the same keys
         totals = self.all_reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
         metrics = {k: v if k in self.normalised else v / tokens for k, v in zip(keys, totals.tolist())}
         metrics["grad_norm"] = grad_norm
+        metrics["skipped_updates"] = float(skip)
         return metrics
 
     def micro_loss(self, micro: Batch, denominator: float) -> tuple[torch.Tensor, dict[str, float]]:

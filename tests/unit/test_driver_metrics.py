@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mmrl.protocol import Batch
-from mmrl.trainer.rl import RLTrainer
+from mmrl.trainer.metrics import step_metrics
 
 
 def test_step_metrics_read_every_valid_token_and_no_padding():
@@ -19,7 +19,7 @@ def test_step_metrics_read_every_valid_token_and_no_padding():
         "response_mask": mask, "advantages": advantages, "token_level_rewards": rewards,
         "entropy": torch.rand(3, 4), "rollout_log_probs": torch.zeros(3, 4), "old_log_probs": torch.full((3, 4), -0.1),
     })
-    metrics = RLTrainer.step_metrics(batch)
+    metrics = step_metrics(batch)
     valid = [float(advantages[i, t]) for i, n in enumerate(lengths) for t in range(n)]
     assert metrics["critic/advantages/mean"] == pytest.approx(sum(valid) / len(valid))
     assert metrics["critic/advantages/max"] == pytest.approx(max(valid))

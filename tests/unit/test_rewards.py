@@ -509,3 +509,13 @@ def test_empty_batch() -> None:
     result = RewardManager("format").score([])
     assert result == RewardResult(scores=[])
     assert result.metrics(prefix="r")["r/score/mean"] == 0.0
+
+
+def test_a_finite_reward_beyond_float32_scores_zero_like_a_nan():
+    """1e39 is a finite Python float but inf in float32, where training would meet it."""
+    import torch
+
+    manager = RewardManager(lambda response: float(response), timeout_s=5)
+    result = manager.score([RewardInput(response=r, ground_truth="") for r in ("1e39", "-1e39", "3e38", "2")])
+    assert result.scores == [0.0, 0.0, 3e38, 2.0] and result.num_nan == 2
+    assert torch.isfinite(torch.tensor(result.scores, dtype=torch.float32)).all()

@@ -1,0 +1,62 @@
+"""The driver's per-step metrics, computed from a step's Batch (names in the design.md vocabulary)."""
+
+from __future__ import annotations
+
+import torch
+
+from mmrl.protocol import Batch
+
+
+def step_metrics(batch: Batch) -> dict[str, float]:
+    """Score, advantage (over valid tokens) and length statistics, and the rollout/trainer agreement.
+
+    batch: token_level_rewards, advantages, response_mask, entropy, rollout_log_probs, old_log_probs, each (B, R).
+    """
+    mask = batch["response_mask"]
+    lengths = mask.sum(-1)
+    scores = batch["token_level_rewards"].sum(-1)
+    adv = batch["advantages"][mask.bool()]
+    return {
+        "critic/score/mean": float(scores.mean()),
+        "critic/score/max": float(scores.max()),
+        "critic/score/min": float(scores.min()),
+        "critic/advantages/mean": float(adv.mean()),
+        "critic/advantages/max": float(adv.max()),
+        "critic/advantages/min": float(adv.min()),
+        "response_length/mean": float(lengths.float().mean()),
+        "response_length/max": float(lengths.max()),
+        "response_length/clip_ratio": float((lengths >= mask.shape[1]).float().mean()),
+        "actor/entropy_old": float((batch["entropy"] * mask).sum() / mask.sum()),
+        "rollout/logprob_diff_max": float(((batch["rollout_log_probs"] - batch["old_log_probs"]).abs() * mask).max()),
+    }
+
+
+def value_metrics(batch: Batch) -> dict[str, float]:
+    """Value and return statistics over valid tokens, and the explained variance of the returns by the
+    values; empty without a critic. batch: values, returns, response_mask, each (B, R)."""
+    if "values" not in batch.tensors:
+        return {}
+    mask = batch["response_mask"].bool()
+    values, returns = batch["values"][mask], batch["returns"][mask]
+    var = returns.var(unbiased=False)
+    explained = 1 - (returns - values).var(unbiased=False) / var if var > 0 else torch.tensor(float("nan"))
+    return {
+        "critic/values/mean": float(values.mean()),
+        "critic/returns/mean": float(returns.mean()),
+        "critic/vf_explained_var": float(explained),
+    }
+
+
+def timing_metrics(batch: Batch, timing: dict[str, float], world_size: int) -> dict[str, float]:
+    """``timing_s/<stage>`` and the step's token throughput per worker."""
+    tokens = float(batch["response_mask"].sum()) + sum(len(p) for p in batch["prompt"])
+    metrics = {f"timing_s/{k}": v for k, v in timing.items()}
+    metrics["perf/throughput"] = tokens / timing["step"] / world_size
+    metrics["perf/total_num_tokens"] = tokens
+    return metrics
+
+
+def non_finite(batch: Batch, keys: tuple[str, ...]) -> list[str]:
+    """The tensors of ``keys`` that hold a NaN or an infinity on a valid response token."""
+    mask = batch["response_mask"].bool()
+    return [k for k in keys if k in batch.tensors and not torch.isfinite(batch[k][mask]).all()]
