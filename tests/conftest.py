@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,60 @@ def tiny_config(tiny_model_dir: Path, tiny_data_dir: Path, tmp_path: Path) -> Co
             "actor.num_mini_batches=2",
         ],
     )
+
+
+@dataclass
+class Kill:
+    """What :func:`run_with_a_kill` did: the pid it killed, when, and the trainer after the run."""
+
+    pid: int
+    rank: int
+    node: str
+    killed_at: float
+    trainer: object
+    run_id: str
+
+
+@pytest.fixture
+def run_with_a_kill():
+    """Run RL with ``cfg`` and send ``sig`` (SIGKILL: dies; SIGSTOP: hangs) to actor rank ``rank`` (or to
+    the rank on Ray node ``node``) as soon as ``step_<after_step>`` is saved."""
+    import signal
+    import threading
+    import time
+
+    import ray
+
+    from mmrl.tracking import Tracker
+    from mmrl.trainer.rl import RLTrainer
+
+    def run(cfg: Config, after_step: int, rank: int = 0, node: str | None = None, sig: int = signal.SIGKILL) -> Kill:
+        trainer = RLTrainer(cfg)
+        tracker = Tracker(cfg, cfg.trainer.experiment, "killed", stage="rl")
+        marker = Path(cfg.trainer.out_dir) / f"step_{after_step}" / "meta.json"
+        killed: list[tuple[int, int, str, float]] = []
+
+        def kill() -> None:
+            deadline = time.monotonic() + 300
+            while not marker.is_file() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            actors = trainer.workers.workers
+            nodes = ray.get([a.node_id.remote() for a in actors], timeout=60)
+            target = nodes.index(node) if node is not None else rank
+            pid = ray.get(actors[target].pid.remote(), timeout=60)
+            os.kill(pid, sig)
+            killed.append((pid, target, nodes[target], time.time()))
+
+        killer = threading.Thread(target=kill, daemon=True)
+        killer.start()
+        try:
+            trainer.fit(tracker)
+            tracker.finish()
+        finally:
+            trainer.shutdown()
+        killer.join(timeout=60)
+        assert killed, f"the kill never happened ({marker} never appeared)"
+        pid, target, on_node, when = killed[0]
+        return Kill(pid=pid, rank=target, node=on_node, killed_at=when, trainer=trainer, run_id=tracker.run_id)
+
+    return run

@@ -87,6 +87,13 @@ class Worker:
         return os.getpid()
 
     @register(Dispatch.ONE_TO_ALL)
+    def node_id(self) -> str:
+        """The Ray node this rank runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    @register(Dispatch.ONE_TO_ALL)
     def peak_rss_mb(self) -> float:
         """Peak resident memory of this worker process (since start or the last reset), MiB."""
         return peak_rss_mb()

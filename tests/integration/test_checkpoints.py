@@ -1,0 +1,92 @@
+"""Resumable checkpoints: a run stopped and resumed ends bit-for-bit where an uninterrupted run ends."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from safetensors.torch import load_file
+
+from mmrl.trainer.rl import run_rl
+
+
+LENGTH_REWARD = "def score(response):\n    return len(response) / 10\n"
+
+
+def configure(cfg, out_dir: Path, steps: int, **overrides):
+    """A short run into ``out_dir``; the untrained model never answers right, so a length reward gives the
+    updates something to move the weights by."""
+    cfg = copy.deepcopy(cfg)
+    plugin = out_dir.parent / "length_reward.py"
+    plugin.write_text(LENGTH_REWARD)
+    cfg.reward.function, cfg.reward.weights = f"{plugin}:score", {}
+    cfg.trainer.out_dir = str(out_dir)
+    cfg.trainer.steps, cfg.trainer.save_every, cfg.trainer.eval_every = steps, 3, 100
+    for key, value in overrides.items():
+        section, name = key.split("__")
+        setattr(getattr(cfg, section), name, value)
+    return cfg
+
+
+def weights(folder: Path, file: str = "model.safetensors") -> dict[str, torch.Tensor]:
+    return load_file(str(folder / file))
+
+
+def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys() and a
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
+
+
+def test_grpo_stopped_after_3_and_resumed_to_6_equals_6_straight(tiny_config, tmp_path):
+    straight = run_rl(configure(tiny_config, tmp_path / "straight", 6))
+    first = run_rl(configure(tiny_config, tmp_path / "resumed", 3))
+    stopped = weights(tmp_path / "resumed" / "checkpoint")
+    assert json.loads((tmp_path / "resumed" / "step_3" / "meta.json").read_text())["step"] == 3
+    second = run_rl(configure(tiny_config, tmp_path / "resumed", 6))  # trainer.resume=auto
+    assert_identical(weights(tmp_path / "straight" / "checkpoint"), weights(tmp_path / "resumed" / "checkpoint"))
+    assert not all(torch.equal(v, stopped[k]) for k, v in weights(tmp_path / "resumed" / "checkpoint").items())
+
+    # The resumed run is the same MLflow run, its metrics continuing at step 4.
+    assert second["mlflow_run_id"] == first["mlflow_run_id"] != straight["mlflow_run_id"]
+    client = MlflowClient(tiny_config.tracking.uri)
+    steps = [m.step for m in client.get_metric_history(second["mlflow_run_id"], "actor/pg_loss")]
+    assert sorted(steps) == [1, 2, 3, 4, 5, 6]
+    folder = tmp_path / "resumed"
+    assert (folder / "latest").read_text() == "step_6"
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith("step_")) == ["step_3", "step_6"]
+
+
+def test_ppo_with_a_critic_on_two_fsdp_workers_resumes_bit_for_bit(tiny_config, tmp_path):
+    base = configure(tiny_config, tmp_path / "base", 6, algorithm__name="ppo", resources__num_workers=2)
+    for cfg in (base.actor, base.critic):
+        cfg.vision.strategy, cfg.llm.strategy = "fsdp", "fsdp"
+    run_rl(configure(base, tmp_path / "straight", 6))
+    run_rl(configure(base, tmp_path / "resumed", 3))
+    run_rl(configure(base, tmp_path / "resumed", 6))
+    assert_identical(weights(tmp_path / "straight" / "checkpoint"), weights(tmp_path / "resumed" / "checkpoint"))
+    critic = "value_model.safetensors"
+    assert_identical(weights(tmp_path / "straight" / "critic", critic), weights(tmp_path / "resumed" / "critic", critic))
+
+
+def test_a_checkpoint_loads_into_another_world_size_and_layout(tiny_config, tmp_path):
+    """Saved by 2 FSDP ranks, loaded by 1 replicated rank: the same weights, and training goes on."""
+    sharded = configure(tiny_config, tmp_path / "two", 2, resources__num_workers=2)
+    sharded.actor.vision.strategy, sharded.actor.llm.strategy = "fsdp", "fsdp"
+    sharded.trainer.save_every = 2
+    run_rl(sharded)
+    single = configure(tiny_config, tmp_path / "one", 2, trainer__resume=str(tmp_path / "two" / "step_2"))
+    run_rl(single)  # nothing left to train: the export holds the loaded weights
+    assert_identical(weights(tmp_path / "two" / "checkpoint"), weights(tmp_path / "one" / "checkpoint"))
+    single.trainer.steps = 3
+    single.trainer.resume = "auto"
+    run_rl(single)
+    assert (tmp_path / "one" / "step_3" / "meta.json").is_file()
+
+
+def test_resume_refuses_a_folder_that_is_not_a_checkpoint(tiny_config, tmp_path):
+    cfg = configure(tiny_config, tmp_path / "x", 2, trainer__resume=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="is not a complete checkpoint folder"):
+        run_rl(cfg)
