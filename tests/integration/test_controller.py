@@ -1,4 +1,11 @@
-"""Resource pools shared by worker groups (real Ray placement groups)."""
+"""Resource pools shared by worker groups (real Ray placement groups), and the embedded local Ray."""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import ray
 
@@ -19,3 +26,23 @@ def test_a_shared_pool_outlives_the_first_group_to_shut_down():
     actor_like.shutdown()
     assert ray.util.placement_group_table(placement)["state"] == "REMOVED"
     actor_like.shutdown()  # a second shutdown changes nothing
+
+
+def test_the_embedded_ray_ignores_a_stale_cluster_file():
+    """Ray's temp folder names a dead cluster: a bare ray.init() would try to join it and fail."""
+    short = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # Ray's socket paths must stay under 108 bytes
+    (short / "ray").mkdir()
+    (short / "ray" / "ray_current_cluster").write_text("127.0.0.1:6399")
+    code = ("import ray\n"
+            "from mmrl.config import ResourcesConfig\n"
+            "from mmrl.controller.session import ensure_ray\n"
+            "ensure_ray(ResourcesConfig())\n"
+            "print('cpus', ray.cluster_resources().get('CPU'))\n"
+            "ray.shutdown()\n")
+    env = {**os.environ, "RAY_TMPDIR": str(short)}
+    try:
+        started = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    assert started.returncode == 0, started.stderr[-2000:]
+    assert f"cpus {float(os.cpu_count())}" in started.stdout

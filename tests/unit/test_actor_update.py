@@ -104,3 +104,25 @@ def test_positive_advantage_raises_the_logprob(rollout_batch):
     new, _ = batched_logprobs(PolicyForward(trained), batch, spec, CPU, with_entropy=False)
     mask = batch["response_mask"]
     assert float((new * mask).sum()) > float((batch["old_log_probs"] * mask).sum())
+
+
+def test_a_non_finite_advantage_or_loss_never_reaches_the_weights(rollout_batch):
+    """The mini-batch holding a NaN advantage skips its optimizer step; the other mini-batch updates."""
+    model, batch, spec = rollout_batch
+    poisoned = batch.select(list(range(len(batch))))
+    poisoned.tensors["advantages"][0, 0] = float("nan")  # row 0 is in the first of two mini-batches
+    trained = copy.deepcopy(model)
+    before = [p.detach().clone() for p in trained.parameters()]
+    updater = updater_for(trained, ActorConfig(lr=1e-2, num_mini_batches=2, warmup_steps=0), spec)
+    metrics = updater.update(poisoned)
+    assert metrics["actor/skipped_updates"] == 1.0
+    assert all(torch.isfinite(p).all() for p in trained.parameters())
+    assert not all(torch.equal(a, b) for a, b in zip(before, trained.parameters()))  # the second one stepped
+    assert updater.scheduler.last_epoch == 1  # only the update that ran advanced the schedule
+
+    inf_loss = batch.select(list(range(len(batch))))
+    inf_loss.tensors["old_log_probs"] = torch.full_like(inf_loss["old_log_probs"], -1e30)  # ratio overflows
+    frozen = copy.deepcopy(model)
+    metrics = updater_for(frozen, ActorConfig(lr=1e-2, num_mini_batches=1), spec).update(inf_loss)
+    assert metrics["actor/skipped_updates"] == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), frozen.parameters()))
