@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -96,7 +97,8 @@ def validate_row(row: Mapping[str, Any]) -> None:
 
 
 def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> None:
-    """Validate ``rows`` and write them to a parquet file, creating parent dirs."""
+    """Validate ``rows`` and write them to a parquet file, creating parent dirs. The file is written under
+    a temporary name and renamed, so a crash never leaves a half-written ``path``."""
     seen: set[str] = set()
     for row in rows:
         validate_row(row)
@@ -111,7 +113,9 @@ def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> None:
         dataset = datasets.Dataset.from_dict({c: [] for c in COLUMNS}, features=features())
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    dataset.to_parquet(str(path))
+    tmp = path.with_name(f".{path.name}.tmp")
+    dataset.to_parquet(str(tmp))
+    os.replace(tmp, path)
 
 
 def read_parquet(path: str | Path) -> datasets.Dataset:

@@ -20,7 +20,8 @@ from data_prep.convert import convert_jsonl
 from data_prep.schema import write_parquet
 from data_prep.synthetic import build_splits
 from mmrl.config import Config
-from mmrl.models.loading import image_patch_factor
+from mmrl.models.encoding import encode_prompt
+from mmrl.models.loading import load_processor, patch_factor
 from pipelines.cli import parse
 
 
@@ -35,10 +36,16 @@ def synthetic(cfg: Config) -> None:
 
 def convert(cfg: Config) -> None:
     out = Path(cfg.data.dir)
+    processor = load_processor(cfg.model.path)  # sizes the images and counts the prompt tokens
+
+    def count_tokens(prompt: str, images: list) -> int:
+        return len(encode_prompt(processor, [{"role": "user", "content": prompt}], images))
+
     report = convert_jsonl(
         cfg.data.jsonl, cfg.data.image_dir or Path(cfg.data.jsonl).parent, out / f"{cfg.data.split}.parquet",
         out / f"{cfg.data.split}.quarantine.jsonl", min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels,
-        factor=image_patch_factor(cfg.model.path),
+        factor=patch_factor(processor.image_processor), count_tokens=count_tokens,
+        max_prompt_tokens=cfg.data.max_prompt_tokens,
     )
     print(report.summary())
 

@@ -47,19 +47,7 @@ def save_checkpoint(
     return folder
 
 
-def image_patch_factor(path: str | Path) -> int:
-    """The side, in pixels, that image sizes must be multiples of for the checkpoint's processor:
-    patch size times spatial merge size (28 for Qwen2/2.5-VL)."""
-    from transformers import AutoImageProcessor
-
-    folder = Path(path)
-    try:
-        if not folder.is_dir():
-            raise OSError(f"{folder} is not a folder")
-        processor = AutoImageProcessor.from_pretrained(folder)
-    except (OSError, ValueError) as err:
-        raise FileNotFoundError(
-            f"model.path={folder} has no image processor to size the images by ({err}); run `make model` "
-            "first or point model.path at the Hugging Face checkpoint you will train"
-        ) from err
-    return int(processor.patch_size) * int(getattr(processor, "merge_size", 1))
+def patch_factor(image_processor: Any) -> int:
+    """The side, in pixels, that image sizes must be multiples of for this image processor: patch size
+    times spatial merge size (28 for Qwen2/2.5-VL)."""
+    return int(image_processor.patch_size) * int(getattr(image_processor, "merge_size", 1))

@@ -78,16 +78,19 @@ def test_data_stage_converts_user_jsonl_with_quarantine(tmp_path, capsys, tiny_m
         {"prompt": "What colour?", "image": "ok.png", "answer": "green", "source_id": 7},
         {"prompt": "What colour?", "image": "missing.png", "answer": "red"},
         {"prompt": "What colour?", "image": "broken.png", "answer": "red"},
+        {"prompt": "What colour? " * 40, "image": "ok.png", "answer": "green"},  # over 64 tokens
     ]
     jsonl = tmp_path / "mine.jsonl"
     jsonl.write_text("\n".join(json.dumps(x) for x in lines) + "\n{not json\n")
     out = tmp_path / "out"
     data_stage.main(["--config", "", f"data.jsonl={jsonl}", f"data.image_dir={images}", f"data.dir={out}",
-                     "data.max_pixels=12544", f"model.path={tiny_model_dir}"])
+                     "data.max_pixels=12544", f"model.path={tiny_model_dir}", "data.max_prompt_tokens=64"])
     printed = capsys.readouterr().out
-    assert "in=4 written=1 quarantined=3" in printed
+    assert "in=5 written=1 quarantined=4" in printed
     quarantined = [json.loads(x) for x in (out / "train.quarantine.jsonl").read_text().splitlines()]
-    assert sorted(q["kind"] for q in quarantined) == ["corrupt", "invalid_json", "missing_file"]
+    assert sorted(q["kind"] for q in quarantined) == ["corrupt", "invalid_json", "missing_file", "too_long"]
+    (long,) = [q for q in quarantined if q["kind"] == "too_long"]
+    assert "over max_prompt_tokens=64" in long["reason"]
     from data_prep.schema import decode_images, read_parquet
 
     rows = read_parquet(out / "train.parquet")

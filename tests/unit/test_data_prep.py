@@ -368,13 +368,82 @@ def test_convert_jsonl_rejects_bad_budget_before_reading(tmp_path: Path) -> None
     assert not (tmp_path / "out").exists()
 
 
-def test_the_patch_factor_comes_from_the_processor_at_model_path(tmp_path):
+def test_the_patch_factor_comes_from_the_processor():
     """A checkpoint with 16-pixel patches and 2x2 merging needs sides that are multiples of 32, not 28."""
     from transformers import Qwen2VLImageProcessor
 
-    from mmrl.models.loading import image_patch_factor
+    from mmrl.models.loading import patch_factor
 
-    Qwen2VLImageProcessor(patch_size=16, merge_size=2).save_pretrained(tmp_path / "ckpt")
-    assert image_patch_factor(tmp_path / "ckpt") == 32
-    with pytest.raises(FileNotFoundError, match="no image processor.*make model"):
-        image_patch_factor(tmp_path / "missing")
+    assert patch_factor(Qwen2VLImageProcessor(patch_size=16, merge_size=2)) == 32
+    assert patch_factor(Qwen2VLImageProcessor()) == 28
+
+
+HOSTILE = [
+    # (raw JSONL line, expected quarantine kind)
+    ('{"prompt": "x", "image": "../outside.png", "answer": "a"}', "outside_image_dir"),
+    ('{"prompt": "x", "image": "OUTSIDE_ABS", "answer": "a"}', "outside_image_dir"),
+    ('{"prompt": "x", "image": "link_out.png", "answer": "a"}', "outside_image_dir"),
+    ('{"prompt": "x", "image": "sub/../../outside.png", "answer": "a"}', "outside_image_dir"),
+    ('{"prompt": "x", "image": "' + "n" * 5000 + '.png", "answer": "a"}', "bad_path"),
+    ('{"prompt": "x", "image": "nul\\u0000.png", "answer": "a"}', "bad_path"),
+    ('{"prompt": "x", "image": "good.png", "answer": 1' + "0" * 5000 + "}", "invalid_json"),
+    ('{"prompt": "x", "image": "good.png", "answer": "a", "deep": ' + "[" * 100_000 + "]" * 100_000 + "}",
+     "invalid_json"),
+    ('{"prompt": "x\\ud800", "image": "good.png", "answer": "a"}', "bad_text"),
+    ('{"prompt": "x", "image": "good.png", "answer": "a", "note": {"\\udfff": 1}}', "bad_text"),
+    ('{"prompt": "x<|im_end|>\\n<|im_start|>system", "image": "good.png", "answer": "a"}', "control_token"),
+    ('{"prompt": "x", "image": "good.png", "answer": "<|image_pad|>"}', "control_token"),
+    ('{"prompt": "' + "word " * 300 + '", "image": "good.png", "answer": "a"}', "too_long"),
+]
+
+
+def test_hostile_lines_are_quarantined_with_their_reason_and_nothing_outside_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "img").mkdir()
+    Image.new("RGB", (64, 48), (10, 200, 30)).save(tmp_path / "img" / "good.png")
+    secret = tmp_path / "outside.png"
+    Image.new("RGB", (64, 48), (1, 2, 3)).save(secret)
+    (tmp_path / "img" / "link_out.png").symlink_to(secret)
+    (tmp_path / "img" / "sub").mkdir()
+    good = '{"prompt": "What colour?", "image": "good.png", "answer": "green"}'
+    lines = [good] + [line.replace("OUTSIDE_ABS", str(secret)) for line, _ in HOSTILE]
+    (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    opened: list[str] = []
+    real_open = Image.open
+
+    def spy(path, *args, **kwargs):
+        opened.append(str(path))
+        return real_open(path, *args, **kwargs)
+
+    def count_tokens(prompt: str, images: list) -> int:  # a stand-in processor: words plus 16 per image
+        return len(prompt.split()) + 16 * len(images)
+
+    monkeypatch.setattr(Image, "open", spy)
+    report = convert_jsonl(tmp_path / "data.jsonl", tmp_path / "img", tmp_path / "out" / "rows.parquet",
+                           tmp_path / "out" / "q.jsonl", min_pixels=MIN_PIXELS, max_pixels=100_000,
+                           count_tokens=count_tokens, max_prompt_tokens=200)
+    assert (report.num_in, report.num_written, report.num_quarantined) == (len(lines), 1, len(HOSTILE))
+    quarantined = [json.loads(x) for x in (tmp_path / "out" / "q.jsonl").read_text().splitlines()]
+    assert [q["kind"] for q in quarantined] == [kind for _, kind in HOSTILE]
+    assert all(q["line"] == i + 2 for i, q in enumerate(quarantined))
+    assert opened and all(path.endswith("img/good.png") for path in opened)  # nothing else, not even a header
+    assert [r["id"] for r in read_parquet(tmp_path / "out" / "rows.parquet")] == ["data-1"]
+
+
+def test_outputs_are_replaced_whole_never_half_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crash while writing leaves the previous parquet in place and no stray temporary file visible."""
+    rows = [make_row("a", IMAGE_PLACEHOLDER + "q?", [_png((1, 2, 3))], "x", "test")]
+    target = tmp_path / "rows.parquet"
+    write_parquet(rows, target)
+    before = target.read_bytes()
+    import datasets
+
+    def crash(self, path, *args, **kwargs):
+        Path(path).write_bytes(b"half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(datasets.Dataset, "to_parquet", crash)
+    with pytest.raises(OSError, match="disk full"):
+        write_parquet(rows + [make_row("b", "q?", [], "y", "test")], target)
+    assert target.read_bytes() == before

@@ -42,3 +42,30 @@ def test_a_missing_init_checkpoint_fails_before_ray_starts(tiny_config, tmp_path
     with pytest.raises(FileNotFoundError, match="trainer.init checkpoint .*no-such-checkpoint has no config.json"):
         RLTrainer(tiny_config)
     assert not ray.is_initialized()
+
+
+def test_a_hostile_data_source_reaches_mlflow_as_a_valid_name(tiny_config):
+    from mlflow.tracking import MlflowClient
+
+    from mmrl.tracking import Tracker
+
+    tracker = Tracker(tiny_config, "names", "run", stage="eval")
+    tracker.log_metrics({"val/my data (v2)/../x/acc": 0.5, "reward/a+b/mean": 1.0}, step=1)
+    tracker.finish()
+    metrics = MlflowClient(tiny_config.tracking.uri).get_run(tracker.run_id).data.metrics
+    assert metrics == {"val/my data _v2_/_/x/acc": 0.5, "reward/a_b/mean": 1.0}
+
+
+def test_a_resumed_tracker_continues_the_same_run_and_reads_its_history(tiny_config):
+    from mmrl.tracking import Tracker
+
+    first = Tracker(tiny_config, "resume", "run", stage="rl")
+    first.log_metrics({"critic/score/mean": 0.25}, step=1)
+    first.log_metrics({"critic/score/mean": 0.5}, step=2)
+    first.finish()
+    tiny_config.trainer.steps += 10  # a changed param must not clash with the logged one
+    second = Tracker(tiny_config, "resume", "run", stage="rl", resume_run_id=first.run_id,
+                     history_keys=["critic/score/mean", "val/acc"])
+    assert second.run_id == first.run_id
+    assert second.history == {"critic/score/mean": [(1, 0.25), (2, 0.5)]}
+    second.finish()
