@@ -1,7 +1,8 @@
 """Stage ``make demo``: model -> data -> sft -> rl -> eval on the embedded defaults, in one process.
 
 Prints ``demo: sft_acc=X rl_acc=Y rl_steps=N minutes=M`` (test-split accuracies of the SFT and RL
-checkpoints) and writes ``outputs/demo/summary.json``.
+checkpoints) and writes ``outputs/demo/summary.json``. The RL stage starts fresh (``trainer.resume=never``)
+unless a checkpoint path is given: the demo rebuilds everything it would resume from.
 
     python -m pipelines.demo --config configs/demo.yaml
 """
@@ -41,6 +42,10 @@ def main(argv: list[str] | None = None) -> dict:
     timed("data", data.synthetic, cfg)
     sft = timed("sft", run_sft, cfg)
     cfg.trainer.init = sft["checkpoint"]
+    if cfg.trainer.resume == "auto":
+        # The demo rebuilds the model, data and SFT policy: an RL checkpoint of an earlier demo is not a
+        # resume point for this one. (`make rl` resumes; so does the demo with trainer.resume=<path>.)
+        cfg.trainer.resume = "never"
     rl = timed("rl", run_rl, cfg)
     sft_eval = timed("eval_sft", run_eval, cfg, sft["checkpoint"], "eval-sft")
     rl_eval = timed("eval_rl", run_eval, cfg, str(Path(cfg.trainer.out_dir) / "checkpoint"), "eval-rl")

@@ -224,7 +224,11 @@ class RLTrainer:
         self.loader.load_state_dict(state.loader)
         self.step_no, self.skipped_in_a_row = state.step, state.skipped_in_a_row
         self.last_checkpoint = folder
-        print(f"resumed from {folder} at step {state.step}", flush=True)
+        steps = self.cfg.trainer.steps
+        left = f"{steps - state.step} steps to go" if state.step < steps else (
+            f"nothing left to train (trainer.steps={steps}); use trainer.resume=never or another out_dir "
+            "for a fresh run")
+        print(f"resumed from {folder} at step {state.step}: {left}", flush=True)
 
     def recover(self, failure: WorkerFailure, tracker: Tracker) -> None:
         """Rebuild the worker groups and continue from the newest checkpoint (or from step 0)."""
