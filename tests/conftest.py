@@ -104,6 +104,9 @@ def run_with_a_kill():
         try:
             trainer.fit(tracker)
             tracker.finish()
+        except BaseException:
+            tracker.finish("FAILED")
+            raise
         finally:
             trainer.shutdown()
         killer.join(timeout=60)
