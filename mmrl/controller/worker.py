@@ -87,6 +87,11 @@ class Worker:
         return os.getpid()
 
     @register(Dispatch.ONE_TO_ALL)
+    def torch_threads(self) -> int:
+        """The torch intra-op threads this rank computes with."""
+        return torch.get_num_threads()
+
+    @register(Dispatch.ONE_TO_ALL)
     def node_id(self) -> str:
         """The Ray node this rank runs on."""
         import ray

@@ -15,7 +15,7 @@ Logits at positions ``P-1 .. P+R-2`` predict the R response tokens.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,17 +30,28 @@ VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision
 class EncodedPrompt:
     """One prompt, tokenised and with its pixels processed.
 
-    input_ids: (P,) int64; mm_token_type_ids: (P,) int64 (1 on image tokens);
-    pixel_values: (num_patches, C*T*patch*patch) or None; image_grid_thw: (num_images, 3) or None.
+    input_ids: (P,) int64, the image placeholders expanded to one token per image feature;
+    mm_token_type_ids: (P,) int64 (1 on image tokens); pixel_values: (num_patches, C*T*patch*patch) or
+    None; image_grid_thw: (num_images, 3) or None.
+
+    ``source_images`` are the PIL images the processor was given, for an engine that processes media
+    itself (vLLM). They exist only in the process that encoded the prompt: pickling drops them, because
+    the processed patches are what the trainer needs and what travels. ``name`` identifies the prompt in
+    error messages (its row id).
     """
 
     input_ids: torch.Tensor
     mm_token_type_ids: torch.Tensor
     pixel_values: torch.Tensor | None = None
     image_grid_thw: torch.Tensor | None = None
+    source_images: list[Image.Image] = field(default_factory=list)
+    name: str = ""
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "source_images": []}
 
 
 def to_chat_content(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -61,7 +72,9 @@ def to_chat_content(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return converted
 
 
-def encode_prompt(processor: Any, messages: Sequence[dict[str, Any]], images: Sequence[Image.Image]) -> EncodedPrompt:
+def encode_prompt(
+    processor: Any, messages: Sequence[dict[str, Any]], images: Sequence[Image.Image], name: str = ""
+) -> EncodedPrompt:
     """Apply the chat template (with the generation prompt) and the image processor to one prompt."""
     if count_placeholders(messages) != len(images):
         raise ValueError(
@@ -75,6 +88,8 @@ def encode_prompt(processor: Any, messages: Sequence[dict[str, Any]], images: Se
         mm_token_type_ids=out["mm_token_type_ids"][0],
         pixel_values=out.get("pixel_values"),
         image_grid_thw=out.get("image_grid_thw"),
+        source_images=list(images),
+        name=name,
     )
 
 

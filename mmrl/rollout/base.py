@@ -36,6 +36,23 @@ class RolloutOutput:
     texts: list[str]
 
 
+class PromptTooLong(ValueError):
+    """A prompt that cannot fit in the engine's context with its response."""
+
+
+def check_lengths(prompts: Sequence[EncodedPrompt], max_new_tokens: int, max_model_len: int) -> None:
+    """Raise :class:`PromptTooLong` naming the first prompt whose tokens plus ``max_new_tokens`` exceed
+    ``max_model_len`` (before anything is generated)."""
+    for prompt in prompts:
+        if len(prompt) + max_new_tokens > max_model_len:
+            raise PromptTooLong(
+                f"prompt {prompt.name or '(unnamed)'} has {len(prompt)} tokens (image tokens included); with "
+                f"rollout.max_new_tokens={max_new_tokens} it exceeds the engine's limit of {max_model_len} "
+                "(rollout.max_model_len); drop or shorten it (make data quarantines prompts over "
+                "data.max_prompt_tokens) or raise rollout.max_model_len"
+            )
+
+
 class RolloutEngine(Protocol):
     def generate(self, prompts: Sequence[EncodedPrompt], params: SamplingParams) -> RolloutOutput: ...
 
@@ -45,4 +62,8 @@ class RolloutEngine(Protocol):
 
     def release(self) -> None:
         """Free the weights (and caches) the engine holds, after a rollout."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop the engine for good (an in-process engine then holds nothing)."""
         ...

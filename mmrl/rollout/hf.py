@@ -21,7 +21,7 @@ from mmrl.config import Config
 from mmrl.models.encoding import EncodedPrompt, collate, vision_token_ids
 from mmrl.models.loading import load_model
 from mmrl.models.logprobs import gather_logprobs_entropy, policy_log_softmax
-from mmrl.rollout.base import RolloutOutput, SamplingParams
+from mmrl.rollout.base import RolloutOutput, SamplingParams, check_lengths
 
 
 class HFRolloutEngine:
@@ -32,9 +32,13 @@ class HFRolloutEngine:
         device: torch.device,
         micro_batch_size: int = 64,
         owns_weights: bool = False,
+        max_model_len: int = 0,
     ):
+        """``max_model_len``: longest prompt + response allowed; 0: the model's max_position_embeddings."""
         self.model = model
         self.owns_weights = owns_weights
+        text_config = getattr(model.config, "text_config", model.config)
+        self.max_model_len = max_model_len or int(text_config.max_position_embeddings)
         self.shapes = {name: p.shape for name, p in model.named_parameters()}
         self.tokenizer = processor.tokenizer
         self.device = device
@@ -50,7 +54,8 @@ class HFRolloutEngine:
         """Share ``policy`` when given, else load ``checkpoint`` (see :func:`mmrl.rollout.build_rollout_engine`)."""
         owns = policy is None
         model = load_model(checkpoint, cfg.model.dtype, cfg.model.attn_implementation, device) if owns else policy
-        return cls(model, processor, device, cfg.rollout.micro_batch_size, owns_weights=owns)
+        return cls(model, processor, device, cfg.rollout.micro_batch_size, owns_weights=owns,
+                   max_model_len=cfg.rollout.max_model_len)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Point the engine's parameters at the given full tensors (Hugging Face names); returns the count.
@@ -74,6 +79,9 @@ class HFRolloutEngine:
             raise ValueError(f"update_weights: {len(missing)} parameters were not given, e.g. {missing[:3]}")
         return len(seen)
 
+    def shutdown(self) -> None:
+        """Nothing runs beside the module: dropping the engine frees it."""
+
     def release(self) -> None:
         """Free the engine's own weights after a rollout (a no-op when it shares the actor's module)."""
         if self.owns_weights:
@@ -83,6 +91,7 @@ class HFRolloutEngine:
     @torch.no_grad()
     def generate(self, prompts: Sequence[EncodedPrompt], params: SamplingParams) -> RolloutOutput:
         """Generate ``params.n`` responses for each prompt (sample rows grouped by prompt)."""
+        check_lengths(prompts, params.max_new_tokens, self.max_model_len)
         expanded = [p for p in prompts for _ in range(params.n)]
         pieces = [
             self._generate_micro(expanded[i : i + self.micro_batch_size], params)

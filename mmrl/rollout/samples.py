@@ -11,11 +11,13 @@ from mmrl.rollout.base import RolloutEngine, SamplingParams
 
 
 def encode_rows(processor: Any, prompts: Batch) -> list[EncodedPrompt]:
-    """One EncodedPrompt per prompt row (``messages`` with ``<image>`` placeholders, ``images`` as PNG bytes)."""
+    """One EncodedPrompt per prompt row (``messages`` with ``<image>`` placeholders, ``images`` as PNG bytes),
+    named by its ``uid`` when the Batch has one."""
     prompts.require("messages", "images")
+    names = prompts["uid"] if "uid" in prompts.objects else [f"#{i}" for i in range(len(prompts))]
     return [
-        encode_prompt(processor, messages, [decode_image(b) for b in images])
-        for messages, images in zip(prompts["messages"], prompts["images"])
+        encode_prompt(processor, messages, [decode_image(b) for b in images], name=str(name))
+        for messages, images, name in zip(prompts["messages"], prompts["images"], names)
     ]
 
 

@@ -26,7 +26,10 @@ def evaluate_checkpoint(cfg: Config, checkpoint: str, split: str) -> EvalResult:
         return generate_samples(engine, processor, prompts, params)
 
     rows = load_rows(cfg.data.dir, split)
-    return evaluate(generate, rows, Verifier(cfg.reward), cfg.eval.batch_size, cfg.eval.max_new_tokens)
+    try:
+        return evaluate(generate, rows, Verifier(cfg.reward), cfg.eval.batch_size, cfg.eval.max_new_tokens)
+    finally:
+        engine.shutdown()
 
 
 def run_eval(cfg: Config, checkpoint: str | None = None, run_name: str = "") -> dict[str, Any]:

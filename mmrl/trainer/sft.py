@@ -120,5 +120,8 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     except BaseException:
         tracker.finish("FAILED")
         raise
+    finally:
+        if trainer.engine is not None:
+            trainer.engine.shutdown()
     print(f"sft: {val.summary()} -> {path}")
     return {"checkpoint": str(path), "val_acc": val.accuracy["all"], "mlflow_run_id": tracker.run_id}

