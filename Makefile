@@ -1,7 +1,7 @@
 # mmrl: one target per stage. Every target creates the virtual environment when it is missing.
 #   make demo            model -> data -> sft -> rl -> eval on the embedded defaults
 #   make test            unit + integration tests
-#   make bench           step time and peak memory of the worker layouts (N=1 vs N=2, vision/llm strategies)
+#   make bench           step time, memory and bytes per worker layout; hf vs vllm rollout throughput
 #   make rl CONFIG=configs/grpo_image.yaml ARGS="rollout.n=8 actor.lr=1e-4"
 
 PYTHON      ?= python3
@@ -64,9 +64,11 @@ eval: $(STAMP)
 demo: $(STAMP)
 	$(STAGE).demo --config $(CONFIG) $(ARGS)
 
-# A benchmark, not a test: step time and peak worker memory per layout (about 3 min on 2 cores).
+# A benchmark, not a test: step time, memory and bytes per layout (about 3.5 min on 2 cores), then the
+# rollout engines (hf vs vllm) side by side.
 bench: $(STAMP)
 	$(STAGE).bench --config configs/bench.yaml $(ARGS)
+	$(STAGE).bench_engines --config configs/bench_engines.yaml $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest tests -q $(PYTEST_ARGS)

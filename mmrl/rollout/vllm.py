@@ -18,6 +18,7 @@ reach it by reference, and no process outlives the worker. The same code runs ``
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -51,6 +52,11 @@ class VLLMRolloutEngine:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         from vllm import LLM
         from vllm.platforms import current_platform
+
+        # Every weight reload warns "Failed to load weights" for the modules whose tensors come from the
+        # config, not the checkpoint (rotary caches, the image normaliser): they keep their values. (Set
+        # after the import, which configures vLLM's loggers.)
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
         self.tokenizer = processor.tokenizer
         self.pad_id, self.eos_id = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id

@@ -10,6 +10,7 @@ the same gathered state, never from the engine.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -96,6 +97,14 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         """
         with self.weights_in_engine() as engine:
             return generate_samples(engine, self.processor, prompts, params)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def time_weight_update(self) -> float:
+        """Seconds to hand the actor's current weights to the rollout engine and release them (benchmarks)."""
+        start = time.perf_counter()
+        with self.weights_in_engine():
+            pass
+        return time.perf_counter() - start
 
     @register(Dispatch.DP_COMPUTE, fields=SCORED)
     def compute_log_probs(self, batch: Batch) -> Batch:

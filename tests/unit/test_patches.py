@@ -47,3 +47,31 @@ def test_the_video_processor_runs_with_the_installed_torchvision(tiny_model_dir)
     out = processor.video_processor(videos=[frames], return_tensors="pt")
     assert out["video_grid_thw"].tolist() == [[4, 4, 4]]
     assert out["pixel_values_videos"].shape == (4 * 4 * 4, 3 * 2 * 14 * 14)
+
+
+def test_a_package_whose_library_cannot_load_is_found_and_this_environment_has_none(tmp_path, monkeypatch):
+    from mmrl.patches.broken_packages import CANDIDATES, fails_to_load
+
+    fake = tmp_path / "brokenlib"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise OSError('Could not load this library: libbroken.so')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert fails_to_load("brokenlib")
+    assert not fails_to_load("json")  # loads
+    assert not fails_to_load("no_such_package_at_all")  # absent is not broken
+    assert not any(fails_to_load(name) for name in CANDIDATES)  # make install removed them where broken
+
+
+def test_keep_torch_threads_undoes_a_library_that_takes_them():
+    import torch
+
+    from mmrl.patches.vllm_threads import keep_torch_threads
+
+    before = torch.get_num_threads()
+    with keep_torch_threads():
+        torch.set_num_threads(1)
+        torch.set_num_threads = lambda n: None  # what vLLM's CPU worker does to the whole process
+    assert torch.get_num_threads() == before
+    torch.set_num_threads(1)
+    assert torch.get_num_threads() == 1  # the real function is back
+    torch.set_num_threads(before)
