@@ -1,9 +1,13 @@
 """Synthetic visual tasks whose answer needs the image, drawn with PIL.
 
 Tasks:
-    colour -- one filled shape of one of six colours; "What colour is the shape?"
-    count  -- 1..max_count non-overlapping shapes; "How many shapes are there?"
-    shape  -- one shape of a random colour; "What shape is it?"
+    colour        -- one filled shape of one of six colours; "What colour is the shape?"
+    count         -- 1..max_count non-overlapping shapes; "How many shapes are there?"
+    shape         -- one shape of a random colour; "What shape is it?"
+    compare_count -- two images with different numbers of shapes; "Which image has more shapes, the
+                     first or the second?" (a multi-image prompt)
+    first_colour, direction -- video tasks (:mod:`data_prep.synthetic_video`), mixed in by
+                     :func:`build_splits` when given a :class:`VideoSynthesis`
 
 Everything is derived from an integer seed, so the same arguments give the
 same PNG bytes. Shapes are drawn without anti-aliasing, so every pixel is
@@ -18,12 +22,15 @@ import math
 import random
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from PIL import Image, ImageDraw
 
 from data_prep.pixels import encode_png
-from data_prep.schema import IMAGE_PLACEHOLDER, make_row
+from data_prep.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, make_row
+from data_prep.synthetic_video import VIDEO_ANSWERS, VIDEO_QUESTIONS, VIDEO_TASKS, ClipSpec, generate_video_rows
 
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30),
@@ -38,8 +45,10 @@ QUESTIONS: dict[str, str] = {
     "colour": "What colour is the shape?",
     "count": "How many shapes are there?",
     "shape": "What shape is it?",
+    "compare_count": "Which image has more shapes, the first or the second?",
 }
-TASKS: tuple[str, ...] = tuple(QUESTIONS)
+IMAGE_TASKS: tuple[str, ...] = tuple(QUESTIONS)
+TASKS: tuple[str, ...] = IMAGE_TASKS + VIDEO_TASKS
 
 MAX_COUNT_LIMIT = 9  # keeps every count answer a single digit listed below
 MIN_IMAGE_SIZE = 56
@@ -48,12 +57,15 @@ _MIN_SIDE = 8  # smallest drawn shape, in pixels
 _GAP = 3  # pixels kept free between shapes so they never touch
 _MARGIN = 2
 
-SYNTHETIC_ANSWERS: tuple[str, ...] = (
+SYNTHETIC_ANSWERS: tuple[str, ...] = tuple(dict.fromkeys((
     *COLOURS,
     *SHAPES,
     *(str(n) for n in range(1, MAX_COUNT_LIMIT + 1)),
-)
-SYNTHETIC_QUESTIONS: tuple[str, ...] = tuple(QUESTIONS.values())
+    "first",
+    "second",
+    *(answer for answers in VIDEO_ANSWERS.values() for answer in answers),
+)))
+SYNTHETIC_QUESTIONS: tuple[str, ...] = (*QUESTIONS.values(), *VIDEO_QUESTIONS.values())
 # Every word and punctuation mark the synthetic tasks can produce.
 SYNTHETIC_VOCABULARY: tuple[str, ...] = tuple(
     sorted({tok for text in SYNTHETIC_QUESTIONS + SYNTHETIC_ANSWERS for tok in re.findall(r"\w+|[^\w\s]", text)})
@@ -69,7 +81,7 @@ def derive_seed(*parts: object) -> int:
 
 
 def _check_task(task: str) -> None:
-    if task not in QUESTIONS:
+    if task not in TASKS:
         raise ValueError(f"unknown synthetic task {task!r}; valid tasks are {list(TASKS)}")
 
 
@@ -137,14 +149,23 @@ def _single_shape(rng: random.Random, image_size: int) -> dict[str, Any]:
     return {"kind": rng.choice(SHAPES), "colour": rng.choice(list(COLOURS)), "box": list(box)}
 
 
-def _layout(task: str, rng: random.Random, image_size: int, max_count: int) -> tuple[list[dict[str, Any]], str]:
-    """The shapes to draw and the answer."""
+def _shapes(rng: random.Random, count: int, image_size: int) -> list[dict[str, Any]]:
+    boxes = _place_boxes(rng, count, image_size)
+    return [{"kind": rng.choice(SHAPES), "colour": rng.choice(list(COLOURS)), "box": list(b)} for b in boxes]
+
+
+def _layout(task: str, rng: random.Random, image_size: int, max_count: int) -> tuple[list[list[dict[str, Any]]], str]:
+    """The shapes to draw in each image of the row, and the answer."""
     if task == "count":
-        boxes = _place_boxes(rng, rng.randint(1, max_count), image_size)
-        shapes = [{"kind": rng.choice(SHAPES), "colour": rng.choice(list(COLOURS)), "box": list(b)} for b in boxes]
-        return shapes, str(len(shapes))
+        shapes = _shapes(rng, rng.randint(1, max_count), image_size)
+        return [shapes], str(len(shapes))
+    if task == "compare_count":
+        if max_count < 2:
+            raise ValueError("compare_count needs max_count >= 2 (the two images differ in their counts)")
+        first, second = rng.sample(range(1, max_count + 1), 2)
+        return [_shapes(rng, first, image_size), _shapes(rng, second, image_size)], "first" if first > second else "second"
     shape = _single_shape(rng, image_size)
-    return [shape], shape["colour"] if task == "colour" else shape["kind"]
+    return [[shape]], shape["colour"] if task == "colour" else shape["kind"]
 
 
 def _generate(
@@ -165,21 +186,24 @@ def _generate(
         if attempts > 20 * num + 100:
             raise ValueError(f"too few distinct {task!r} images at image_size={image_size}; raise image_size")
         grey = rng.randint(*BACKGROUND_RANGE)
-        shapes, answer = _layout(task, rng, image_size, max_count)
-        png = _render(shapes, image_size, grey)
-        fingerprint = hashlib.sha256(png).hexdigest()
+        layouts, answer = _layout(task, rng, image_size, max_count)
+        pngs = [_render(shapes, image_size, grey) for shapes in layouts]
+        fingerprint = hashlib.sha256(b"".join(pngs)).hexdigest()
         if fingerprint in seen:
             continue
         seen.add(fingerprint)
-        extra = {"task": task, "background": [grey] * 3, "shapes": shapes}
+        extra = {"task": task, "background": [grey] * 3, "shapes": layouts[0] if len(layouts) == 1 else layouts}
         row_id = f"{id_prefix}-{len(rows):06d}"
-        rows.append(make_row(row_id, IMAGE_PLACEHOLDER + QUESTIONS[task], [png], answer, f"synthetic/{task}", extra))
+        prompt = IMAGE_PLACEHOLDER * len(pngs) + QUESTIONS[task]
+        rows.append(make_row(row_id, prompt, pngs, answer, f"synthetic/{task}", extra))
     return rows
 
 
 def generate_rows(task: str, num: int, seed: int, image_size: int = 112, max_count: int = 3) -> list[dict[str, Any]]:
-    """``num`` distinct schema rows of one synthetic task, deterministic in ``seed``."""
-    _check_task(task)
+    """``num`` distinct schema rows of one synthetic image task, deterministic in ``seed``."""
+    if task not in IMAGE_TASKS:
+        raise ValueError(f"{task!r} is not a synthetic image task; valid ones are {list(IMAGE_TASKS)} (video tasks "
+                         "are built by build_splits with a VideoSynthesis)")
     _check_sizes(image_size, max_count)
     if num < 0:
         raise ValueError(f"num={num} must be zero or more")
@@ -209,20 +233,32 @@ def _check_mix(tasks: Mapping[str, float], sizes: Mapping[str, int]) -> None:
             raise ValueError(f"size of split {split!r} is {size!r}; use an integer zero or more")
 
 
+@dataclass(frozen=True)
+class VideoSynthesis:
+    """Where synthetic clips are written (as MP4) and their shape."""
+
+    media_dir: Path
+    clip: ClipSpec = ClipSpec()
+
+
 def build_splits(
     tasks: Mapping[str, float],
     sizes: Mapping[str, int],
     seed: int,
     image_size: int = 112,
     max_count: int = 3,
+    video: VideoSynthesis | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Rows for each split (e.g. sft/train/val/test), mixing tasks by fraction.
 
-    Each split and task draws from its own derived seed, and no image occurs
-    twice across all splits. Rows inside a split are shuffled.
+    Each split and task draws from its own derived seed, and no image or clip occurs
+    twice across all splits. Rows inside a split are shuffled. Video tasks need ``video``.
     """
     _check_mix(tasks, sizes)
     _check_sizes(image_size, max_count)
+    if video is None and any(task in VIDEO_TASKS and fraction > 0 for task, fraction in tasks.items()):
+        raise ValueError(f"video tasks {[t for t in tasks if t in VIDEO_TASKS]} need a VideoSynthesis (where to "
+                         "write the clips)")
     seen: set[str] = set()
     splits: dict[str, list[dict[str, Any]]] = {}
     for split, size in sizes.items():
@@ -230,14 +266,19 @@ def build_splits(
         rows: list[dict[str, Any]] = []
         for task, count in allocate_counts(tasks, size).items():
             task_seed = derive_seed(split_seed, task)
-            rows += _generate(task, count, task_seed, image_size, max_count, f"{split}-{task}", seen)
+            prefix = f"{split}-{task}"
+            if task in VIDEO_TASKS:
+                assert video is not None
+                rows += generate_video_rows(task, count, task_seed, video.clip, video.media_dir, prefix, seen)
+            else:
+                rows += _generate(task, count, task_seed, image_size, max_count, prefix, seen)
         random.Random(split_seed).shuffle(rows)
         splits[split] = rows
     return splits
 
 
 def _strip_placeholders(text: str) -> str:
-    return text.replace(IMAGE_PLACEHOLDER, "").strip()
+    return text.replace(IMAGE_PLACEHOLDER, "").replace(VIDEO_PLACEHOLDER, "").strip()
 
 
 def corpus_texts(rows: Iterable[Mapping[str, Any]]) -> Iterator[str]:

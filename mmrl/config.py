@@ -117,7 +117,8 @@ class DataConfig:
     dir: str = "outputs/data"
     """Folder of the prompt parquet files, one per split (``<dir>/<split>.parquet``)."""
     tasks: dict[str, float] = field(default_factory=lambda: {"colour": 1.0})
-    """Synthetic task mix: task name -> fraction (colour, count, shape)."""
+    """Synthetic task mix: task name -> fraction. Images: colour, count, shape, compare_count (two images);
+    videos: first_colour, direction."""
     sizes: dict[str, int] = field(default_factory=lambda: {"sft": 48, "train": 2048, "val": 128, "test": 400})
     """Rows per split for the synthetic generator."""
     image_size: int = num(112, ge=1)
@@ -138,6 +139,23 @@ class DataConfig:
     max_prompt_tokens: int = num(4096, ge=1)
     """The converter quarantines a row whose prompt (counted with the model's processor, image tokens
     included) is longer."""
+    video_fps: float = num(2.0, gt=0)
+    """Frames sampled per second of video (also the rate of the synthetic clips)."""
+    video_min_frames: int = num(2, ge=1)
+    video_max_frames: int = num(16, ge=1)
+    """Frames kept per video; a longer video is sampled evenly within this (and counted as sampled down)."""
+    video_frame_max_pixels: int = num(224 * 224, ge=1)
+    """Pixel budget of one video frame (lower bound: ``min_pixels``)."""
+    video_max_pixels: int = num(8 * 224 * 224, ge=1)
+    """Pixel budget of all of a video's frames together: frames shrink first, then fewer are kept."""
+    max_video_seconds: float = num(600.0, gt=0)
+    """A longer video is quarantined (``video_too_long``)."""
+    video_timeout_s: float = num(60.0, gt=0)
+    """Decoding one video may take this long before it is quarantined (``video_timeout``)."""
+    video_size: int = num(56, ge=28)
+    """Side of the synthetic clips' frames, in pixels (a multiple of 28)."""
+    video_frames: int = num(4, ge=2)
+    """Frames of a synthetic clip (even)."""
 
 
 @dataclass(kw_only=True)
@@ -186,6 +204,8 @@ class RolloutConfig:
     """vllm: no CUDA graphs / torch.compile (faster start; set false on GPUs for faster decoding)."""
     max_images_per_prompt: int = num(4, ge=0)
     """vllm: images a prompt may hold (vLLM sizes its multimodal budget from it)."""
+    max_videos_per_prompt: int = num(1, ge=0)
+    """vllm: videos a prompt may hold."""
 
 
 @dataclass(kw_only=True)
@@ -379,6 +399,9 @@ class Config:
                 )
         if self.data.min_pixels > self.data.max_pixels:
             raise ConfigError(f"data.min_pixels={self.data.min_pixels} exceeds data.max_pixels={self.data.max_pixels}")
+        if self.data.video_min_frames > self.data.video_max_frames:
+            raise ConfigError(f"data.video_min_frames={self.data.video_min_frames} exceeds "
+                              f"data.video_max_frames={self.data.video_max_frames}")
         for key, mapping in (("data.tasks", self.data.tasks), ("data.sizes", self.data.sizes)):
             bad = {k: v for k, v in mapping.items() if not (math.isfinite(v) and v >= 0)}
             if bad:

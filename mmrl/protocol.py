@@ -23,8 +23,9 @@ import torch
 KNOWN_KEYS: dict[str, str] = {
     # prompts (one row per prompt before rollout, one per sample after it)
     "uid": "object: id of the prompt; the n samples of one prompt share it",
-    "messages": "object: chat messages with <image> placeholders",
+    "messages": "object: chat messages with <image> / <video> placeholders",
     "images": "object: list of PNG bytes of the prompt",
+    "videos": "object: list of the prompt's videos, each {frames: PNG bytes, timestamps: seconds}",
     "answer": "object: ground truth",
     "data_source": "object: task / data set name",
     "extra": "object: dict of the row's other fields",

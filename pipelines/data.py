@@ -1,12 +1,15 @@
 """Stage ``make data``: write the prompt parquet files (one per split) under ``data.dir``.
 
-By default it generates the synthetic visual tasks of ``data.tasks`` with ``data.sizes`` rows per
-split. With ``data.jsonl`` set it converts a user's own JSONL + image folder instead, applying the pixel
-budget and quarantining bad rows (``<data.dir>/<split>.quarantine.jsonl``); image sides are rounded to
-multiples of the patch size of the processor at ``model.path``, so that checkpoint must exist.
+By default it generates the synthetic tasks of ``data.tasks`` with ``data.sizes`` rows per split: image
+tasks drawn directly, video tasks written as MP4 clips under ``<data.dir>/media/`` and read back through
+the same converter as a user's videos. With ``data.jsonl`` set it converts a user's own JSONL + media folder
+instead, applying the pixel and video budgets and quarantining bad rows
+(``<data.dir>/<split>.quarantine.jsonl``); image sides are rounded to multiples of the patch size of the
+processor at ``model.path``, which also counts each prompt's tokens, so that checkpoint must exist.
 
     python -m pipelines.data --config configs/demo.yaml seed=1
-    python -m pipelines.data data.jsonl=my.jsonl data.image_dir=imgs/ data.split=train
+    python -m pipelines.data --config configs/video_demo.yaml
+    python -m pipelines.data data.jsonl=my.jsonl data.image_dir=media/ data.split=train
 """
 
 from __future__ import annotations
@@ -17,16 +20,24 @@ from pathlib import Path
 from tqdm import tqdm
 
 from data_prep.convert import convert_jsonl
-from data_prep.schema import write_parquet
-from data_prep.synthetic import build_splits
+from data_prep.schema import Video, write_parquet
+from data_prep.synthetic import VideoSynthesis, build_splits
+from data_prep.synthetic_video import ClipSpec
+from data_prep.video import VideoLimits
 from mmrl.config import Config
 from mmrl.models.encoding import encode_prompt
 from mmrl.models.loading import load_processor, patch_factor
 from pipelines.cli import parse
 
 
+def video_synthesis(cfg: Config) -> VideoSynthesis:
+    clip = ClipSpec(size=cfg.data.video_size, frames=cfg.data.video_frames, fps=cfg.data.video_fps)
+    return VideoSynthesis(media_dir=Path(cfg.data.dir) / "media", clip=clip)
+
+
 def synthetic(cfg: Config) -> None:
-    splits = build_splits(cfg.data.tasks, cfg.data.sizes, cfg.seed, cfg.data.image_size, cfg.data.max_count)
+    splits = build_splits(cfg.data.tasks, cfg.data.sizes, cfg.seed, cfg.data.image_size, cfg.data.max_count,
+                          video=video_synthesis(cfg))
     for split, rows in tqdm(splits.items(), desc="data: writing splits"):
         path = Path(cfg.data.dir) / f"{split}.parquet"
         write_parquet(rows, path)
@@ -34,18 +45,27 @@ def synthetic(cfg: Config) -> None:
         tqdm.write(f"data: {split:5s} {len(rows):5d} rows {dict(mix)} -> {path}")
 
 
+def video_limits(cfg: Config, factor: int) -> VideoLimits:
+    data = cfg.data
+    return VideoLimits(min_pixels=data.min_pixels, frame_max_pixels=data.video_frame_max_pixels,
+                       total_max_pixels=data.video_max_pixels, factor=factor, fps=data.video_fps,
+                       min_frames=data.video_min_frames, max_frames=data.video_max_frames,
+                       max_seconds=data.max_video_seconds, timeout_s=data.video_timeout_s)
+
+
 def convert(cfg: Config) -> None:
     out = Path(cfg.data.dir)
-    processor = load_processor(cfg.model.path)  # sizes the images and counts the prompt tokens
+    processor = load_processor(cfg.model.path)  # sizes the media and counts the prompt tokens
+    factor = patch_factor(processor.image_processor)
 
-    def count_tokens(prompt: str, images: list) -> int:
-        return len(encode_prompt(processor, [{"role": "user", "content": prompt}], images))
+    def count_tokens(prompt: str, images: list, videos: list[Video]) -> int:
+        return len(encode_prompt(processor, [{"role": "user", "content": prompt}], images, videos))
 
     report = convert_jsonl(
         cfg.data.jsonl, cfg.data.image_dir or Path(cfg.data.jsonl).parent, out / f"{cfg.data.split}.parquet",
         out / f"{cfg.data.split}.quarantine.jsonl", min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels,
-        factor=patch_factor(processor.image_processor), count_tokens=count_tokens,
-        max_prompt_tokens=cfg.data.max_prompt_tokens,
+        factor=factor, count_tokens=count_tokens, max_prompt_tokens=cfg.data.max_prompt_tokens,
+        video_limits=video_limits(cfg, factor),
     )
     print(report.summary())
 

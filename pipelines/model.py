@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from data_prep.synthetic import TASKS, corpus_texts, generate_rows
+from data_prep.synthetic import IMAGE_TASKS, corpus_texts, generate_rows
+from data_prep.synthetic_video import VIDEO_ANSWERS, VIDEO_QUESTIONS, VIDEO_TASKS
 from mmrl.config import Config
 from mmrl.models.loading import load_model
 from mmrl.models.tiny import build_tiny_vlm, count_parameters
@@ -20,12 +21,17 @@ from rewards import format_answer
 
 def task_corpus(cfg: Config, rows_per_task: int = 200) -> Iterator[str]:
     """Questions and answers of every synthetic task, answers also in the trained answer format."""
-    for task in TASKS:
-        rows = generate_rows(task, rows_per_task, seed=cfg.seed, image_size=56, max_count=cfg.data.max_count)
+    for task in IMAGE_TASKS:
+        rows = generate_rows(task, rows_per_task, seed=cfg.seed, image_size=56, max_count=max(2, cfg.data.max_count))
         for text in corpus_texts(rows):
             yield text
         for row in rows:
             yield format_answer(row["answer"])
+    for task in VIDEO_TASKS:  # their texts only: no clip is needed to train a tokenizer
+        answers = VIDEO_ANSWERS[task]
+        for i in range(rows_per_task):
+            answer = answers[i % len(answers)]
+            yield from [VIDEO_QUESTIONS[task], answer, format_answer(answer)]
     yield from ["user", "assistant", "system"]
 
 

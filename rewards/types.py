@@ -1,9 +1,9 @@
 """What a reward function receives and how mmrl calls it.
 
 A reward function is any callable that takes some or all of the keyword
-arguments ``response``, ``ground_truth``, ``data_source``, ``images`` and
-``extra`` and returns either a float or a dict holding a ``"score"`` float plus
-any other numeric components, e.g.::
+arguments ``response``, ``ground_truth``, ``data_source``, ``images``, ``videos``
+and ``extra`` and returns either a float or a dict holding a ``"score"`` float
+plus any other numeric components, e.g.::
 
     def my_reward(response, ground_truth):
         return {"score": 1.0, "length": len(response)}
@@ -28,6 +28,7 @@ class RewardInput:
     ground_truth: str
     data_source: str = ""
     images: list = field(default_factory=list)  # PIL images of the prompt; may be empty
+    videos: list = field(default_factory=list)  # the prompt's videos: data_prep.schema.Video (frames, timestamps)
     extra: dict = field(default_factory=dict)  # the data row's other fields
 
     def __post_init__(self) -> None:
@@ -49,6 +50,7 @@ _FIELD_TYPES: dict[str, type] = {
     "ground_truth": str,
     "data_source": str,
     "images": list,
+    "videos": list,
     "extra": dict,
 }
 REWARD_KEYWORDS: tuple[str, ...] = tuple(f.name for f in fields(RewardInput))

@@ -1,8 +1,8 @@
-"""The ONE multimodal encoding path: messages + images -> model inputs.
+"""The ONE multimodal encoding path: messages + images + videos -> model inputs.
 
 Rollout, log-prob passes, training and evaluation all call :func:`encode_prompt` once per prompt and
-:func:`collate` to build a padded batch, so image tokens, grids, ``mm_token_type_ids`` and hence
-Qwen's mrope position ids can never disagree between generation and training.
+:func:`collate` to build a padded batch, so media tokens, grids, ``mm_token_type_ids``, the videos' time
+steps and hence Qwen's 3-D (mrope) position ids can never disagree between generation and training.
 
 Layout of a collated batch of B sequences (P = longest prompt, R = response width)::
 
@@ -14,81 +14,118 @@ Logits at positions ``P-1 .. P+R-2`` predict the R response tokens.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 
-# The one definition of the placeholder and its counter, shared with data prep.
-from data_prep.schema import IMAGE_PLACEHOLDER, count_placeholders
+# The one definition of the placeholders and their counter, shared with data prep.
+from data_prep.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Video, count_placeholders
+
 VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+_PLACEHOLDER = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
+# Media fields of an EncodedPrompt: concatenated over the samples of a batch, in sample order.
+MEDIA_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 
 
 @dataclass(eq=False)
 class EncodedPrompt:
-    """One prompt, tokenised and with its pixels processed.
+    """One prompt, tokenised and with its media processed.
 
-    input_ids: (P,) int64, the image placeholders expanded to one token per image feature;
-    mm_token_type_ids: (P,) int64 (1 on image tokens); pixel_values: (num_patches, C*T*patch*patch) or
-    None; image_grid_thw: (num_images, 3) or None.
+    input_ids: (P,) int64, each media placeholder expanded to one token per vision feature;
+    mm_token_type_ids: (P,) int64 (0 text, 1 image, 2 video); pixel_values: (image patches,
+    C*T*patch*patch) or None; image_grid_thw: (num_images, 3) or None; pixel_values_videos: (video
+    patches, C*T*patch*patch) or None; video_grid_thw: (num_videos, 3) or None; second_per_grid_ts:
+    (num_videos,) float, the seconds one temporal grid step spans (for the time axis of the positions).
 
-    ``source_images`` are the PIL images the processor was given, for an engine that processes media
-    itself (vLLM). They exist only in the process that encoded the prompt: pickling drops them, because
-    the processed patches are what the trainer needs and what travels. ``name`` identifies the prompt in
-    error messages (its row id).
+    ``source_images`` / ``source_videos`` are the media the processor was given, for an engine that
+    processes media itself (vLLM). They exist only in the process that encoded the prompt: pickling drops
+    them, because the processed patches are what the trainer needs and what travels. ``name`` identifies
+    the prompt in error messages (its row id).
     """
 
     input_ids: torch.Tensor
     mm_token_type_ids: torch.Tensor
     pixel_values: torch.Tensor | None = None
     image_grid_thw: torch.Tensor | None = None
+    pixel_values_videos: torch.Tensor | None = None
+    video_grid_thw: torch.Tensor | None = None
+    second_per_grid_ts: torch.Tensor | None = None
     source_images: list[Image.Image] = field(default_factory=list)
+    source_videos: list[Video] = field(default_factory=list)
     name: str = ""
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "source_images": []}
+        return {**self.__dict__, "source_images": [], "source_videos": []}
 
 
 def to_chat_content(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Turn ``<image>`` placeholders inside message strings into Qwen content items, in order."""
+    """Turn ``<image>`` / ``<video>`` placeholders inside message strings into Qwen content items, in order."""
+    kinds = {IMAGE_PLACEHOLDER: "image", VIDEO_PLACEHOLDER: "video"}
     converted = []
     for message in messages:
         content = message["content"]
         if not isinstance(content, str):
             converted.append(dict(message))
             continue
-        items: list[dict[str, Any]] = []
-        for i, text in enumerate(content.split(IMAGE_PLACEHOLDER)):
-            if i > 0:
-                items.append({"type": "image"})
-            if text:
-                items.append({"type": "text", "text": text})
+        items = [{"type": kinds[part]} if part in kinds else {"type": "text", "text": part}
+                 for part in _PLACEHOLDER.split(content) if part]
         converted.append({"role": message["role"], "content": items})
     return converted
 
 
+def video_metadata(video: Video) -> dict[str, Any]:
+    """What the processor needs to know of already-sampled frames (no resampling, their real rate)."""
+    count = len(video.frames)
+    return {"total_num_frames": count, "fps": video.fps, "frames_indices": list(range(count)),
+            "duration": count / video.fps, "video_backend": "opencv"}
+
+
+def frames_array(video: Video) -> np.ndarray:
+    """(T, H, W, 3) uint8."""
+    return np.stack([np.asarray(frame.convert("RGB")) for frame in video.frames])
+
+
 def encode_prompt(
-    processor: Any, messages: Sequence[dict[str, Any]], images: Sequence[Image.Image], name: str = ""
+    processor: Any,
+    messages: Sequence[dict[str, Any]],
+    images: Sequence[Image.Image],
+    videos: Sequence[Video] = (),
+    name: str = "",
 ) -> EncodedPrompt:
-    """Apply the chat template (with the generation prompt) and the image processor to one prompt."""
-    if count_placeholders(messages) != len(images):
-        raise ValueError(
-            f"prompt has {count_placeholders(messages)} {IMAGE_PLACEHOLDER} placeholders but {len(images)} "
-            "images; put one placeholder where each image goes"
-        )
+    """Apply the chat template (with the generation prompt) and the image and video processors to one prompt."""
+    for placeholder, media, kind in ((IMAGE_PLACEHOLDER, images, "image"), (VIDEO_PLACEHOLDER, videos, "video")):
+        if count_placeholders(messages, placeholder) != len(media):
+            raise ValueError(
+                f"prompt {name or ''} has {count_placeholders(messages, placeholder)} {placeholder} placeholders but "
+                f"{len(media)} {kind}s; put one placeholder where each {kind} goes"
+            )
     text = processor.apply_chat_template(to_chat_content(messages), add_generation_prompt=True, tokenize=False)
-    out = processor(text=[text], images=list(images) or None, return_tensors="pt", return_mm_token_type_ids=True)
+    video_kwargs: dict[str, Any] = {}
+    if videos:
+        # Frames were sampled and sized by data prep: the processor must neither resample nor re-budget them.
+        video_kwargs = {"videos": [frames_array(v) for v in videos], "video_metadata": [video_metadata(v) for v in videos],
+                        "do_sample_frames": False, "cap_pixels_per_frame": False}
+    out = processor(text=[text], images=list(images) or None, return_tensors="pt", return_mm_token_type_ids=True,
+                    **video_kwargs)
+    seconds = out.get("second_per_grid_ts")
     return EncodedPrompt(
         input_ids=out["input_ids"][0],
         mm_token_type_ids=out["mm_token_type_ids"][0],
         pixel_values=out.get("pixel_values"),
         image_grid_thw=out.get("image_grid_thw"),
+        pixel_values_videos=out.get("pixel_values_videos"),
+        video_grid_thw=out.get("video_grid_thw"),
+        second_per_grid_ts=torch.as_tensor(seconds, dtype=torch.float32) if seconds is not None else None,
         source_images=list(images),
+        source_videos=list(videos),
         name=name,
     )
 
@@ -103,9 +140,8 @@ def collate(
 
     prompts: B encoded prompts (the same object may appear several times).
     responses: (B, R) int64 or None; response_mask: (B, R), 1 on real response tokens.
-    Returns model kwargs: input_ids (B, P+R), attention_mask (B, P+R), mm_token_type_ids (B, P+R),
-    and, when any prompt has images, pixel_values (sum of patches, D) and image_grid_thw (num_images, 3),
-    concatenated in sample order.
+    Returns model kwargs: input_ids (B, P+R), attention_mask (B, P+R), mm_token_type_ids (B, P+R), and
+    each media field of :data:`MEDIA_FIELDS` that any prompt has, concatenated in sample order.
     """
     num = len(prompts)
     width = max(len(p) for p in prompts)
@@ -124,10 +160,10 @@ def collate(
         attention = torch.cat([attention, response_mask.long()], dim=1)
         mm_types = torch.cat([mm_types, torch.zeros_like(responses, dtype=torch.long)], dim=1)
     batch = {"input_ids": input_ids, "attention_mask": attention, "mm_token_type_ids": mm_types}
-    with_pixels = [p for p in prompts if p.pixel_values is not None]
-    if with_pixels:
-        batch["pixel_values"] = torch.cat([p.pixel_values for p in with_pixels])
-        batch["image_grid_thw"] = torch.cat([p.image_grid_thw for p in with_pixels])
+    for key in MEDIA_FIELDS:
+        present = [getattr(p, key) for p in prompts if getattr(p, key) is not None]
+        if present:
+            batch[key] = torch.cat(present)
     return batch
 
 

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from data_prep.schema import decode_image
+from data_prep.schema import decode_image, decode_video
 from mmrl.models.encoding import EncodedPrompt, encode_prompt
 from mmrl.protocol import Batch
 from mmrl.rollout.base import RolloutEngine, SamplingParams
 
 
 def encode_rows(processor: Any, prompts: Batch) -> list[EncodedPrompt]:
-    """One EncodedPrompt per prompt row (``messages`` with ``<image>`` placeholders, ``images`` as PNG bytes),
-    named by its ``uid`` when the Batch has one."""
+    """One EncodedPrompt per prompt row (``messages`` with ``<image>`` / ``<video>`` placeholders, ``images``
+    as PNG bytes, ``videos`` as stored frames), named by its ``uid`` when the Batch has one."""
     prompts.require("messages", "images")
-    names = prompts["uid"] if "uid" in prompts.objects else [f"#{i}" for i in range(len(prompts))]
+    count = len(prompts)
+    names = prompts["uid"] if "uid" in prompts.objects else [f"#{i}" for i in range(count)]
+    videos = prompts["videos"] if "videos" in prompts.objects else [[]] * count
     return [
-        encode_prompt(processor, messages, [decode_image(b) for b in images], name=str(name))
-        for messages, images, name in zip(prompts["messages"], prompts["images"], names)
+        encode_prompt(processor, messages, [decode_image(b) for b in images], [decode_video(v) for v in clips],
+                      name=str(name))
+        for messages, images, clips, name in zip(prompts["messages"], prompts["images"], videos, names)
     ]
 
 

@@ -26,17 +26,17 @@ from typing import Any
 import torch
 
 from mmrl.config import Config
-from mmrl.models.encoding import EncodedPrompt, vision_token_ids
+from mmrl.models.encoding import EncodedPrompt, frames_array, video_metadata, vision_token_ids
 from mmrl.patches.vllm_threads import keep_torch_threads
 from mmrl.rollout.base import RolloutOutput, SamplingParams, check_lengths
 
-IMAGE_PAD = "<|image_pad|>"
+PADS = ("<|image_pad|>", "<|video_pad|>")
 
 
-def collapse_placeholders(input_ids: torch.Tensor, pad_id: int) -> list[int]:
-    """(P,) token ids with each run of ``pad_id`` collapsed to a single token (vLLM expands it again)."""
+def collapse_placeholders(input_ids: torch.Tensor, pad_ids: Sequence[int]) -> list[int]:
+    """(P,) token ids with each run of one of ``pad_ids`` collapsed to a single token (vLLM expands it again)."""
     ids = input_ids.tolist()
-    return [t for i, t in enumerate(ids) if not (t == pad_id and i > 0 and ids[i - 1] == pad_id)]
+    return [t for i, t in enumerate(ids) if not (t in pad_ids and i > 0 and ids[i - 1] == t)]
 
 
 def _reload(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
@@ -60,7 +60,7 @@ class VLLMRolloutEngine:
 
         self.tokenizer = processor.tokenizer
         self.pad_id, self.eos_id = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
-        self.image_pad_id = self.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+        self.pad_ids = [self.tokenizer.convert_tokens_to_ids(t) for t in PADS]
         self.banned = [self.tokenizer.convert_ids_to_tokens(i) for i in vision_token_ids(self.tokenizer)]
         rollout = cfg.rollout
         self.sleeps = rollout.free_cache_engine and current_platform.is_sleep_mode_available()
@@ -71,7 +71,8 @@ class VLLMRolloutEngine:
                 model=checkpoint, dtype=cfg.model.dtype, seed=cfg.seed, distributed_executor_backend="uni",
                 enforce_eager=rollout.enforce_eager, max_model_len=rollout.max_model_len or None,
                 logprobs_mode="processed_logprobs", enable_prefix_caching=True, enable_sleep_mode=self.sleeps,
-                limit_mm_per_prompt={"image": rollout.max_images_per_prompt, "video": 0}, **memory,
+                limit_mm_per_prompt={"image": rollout.max_images_per_prompt, "video": rollout.max_videos_per_prompt},
+                **memory,
             )
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self.asleep = False
@@ -138,12 +139,19 @@ class VLLMRolloutEngine:
         return self._collect([c for out in outputs for c in out.outputs], params.max_new_tokens)
 
     def _request(self, prompt: EncodedPrompt) -> dict[str, Any]:
-        request: dict[str, Any] = {"prompt_token_ids": collapse_placeholders(prompt.input_ids, self.image_pad_id)}
+        """The trainer's prompt as vLLM takes it: placeholders collapsed, plus the source media."""
+        media: dict[str, Any] = {}
         if prompt.image_grid_thw is not None:
-            if not prompt.source_images:
-                raise ValueError(f"prompt {prompt.name} has image tokens but no source images: encode it in this "
-                                 "process (EncodedPrompt.source_images are not pickled)")
-            request["multi_modal_data"] = {"image": prompt.source_images}
+            media["image"] = prompt.source_images
+        if prompt.video_grid_thw is not None:  # already sampled: vLLM must not resample the frames
+            media["video"] = [(frames_array(v), {**video_metadata(v), "do_sample_frames": False})
+                              for v in prompt.source_videos]
+        if any(not items for items in media.values()):
+            raise ValueError(f"prompt {prompt.name} has media tokens but no source media: encode it in this process "
+                             "(EncodedPrompt.source_images / source_videos are not pickled)")
+        request: dict[str, Any] = {"prompt_token_ids": collapse_placeholders(prompt.input_ids, self.pad_ids)}
+        if media:
+            request["multi_modal_data"] = media
         return request
 
     def _collect(self, completions: list[Any], width: int) -> RolloutOutput:

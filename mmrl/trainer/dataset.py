@@ -28,12 +28,14 @@ def load_rows(data_dir: str | Path, split: str, limit: int = 0) -> list[dict[str
 
 
 def rows_to_batch(rows: list[dict[str, Any]]) -> Batch:
-    """Prompt rows -> a Batch of prompts: uid, messages, images (PNG bytes), answer, data_source, extra."""
+    """Prompt rows -> a Batch of prompts: uid, messages, images (PNG bytes), videos (stored frames), answer,
+    data_source, extra."""
     return Batch(
         objects={
             "uid": [str(r["id"]) for r in rows],
             "messages": [list(r["messages"]) for r in rows],
             "images": [list(r["images"]) for r in rows],
+            "videos": [list(r.get("videos") or []) for r in rows],
             "answer": [str(r["answer"]) for r in rows],
             "data_source": [str(r["data_source"]) for r in rows],
             "extra": [json.loads(r["extra"]) if r.get("extra") else {} for r in rows],

@@ -23,7 +23,7 @@ from typing import Protocol
 import torch
 from PIL import Image
 
-from data_prep.schema import decode_image
+from data_prep.schema import Video, decode_image, decode_video
 from mmrl.config import RewardConfig
 from mmrl.protocol import Batch
 from rewards import RewardInput, RewardManager, by_data_source, resolve
@@ -36,18 +36,21 @@ class RewardStage(Protocol):
 
 
 def reward_inputs(batch: Batch) -> list[RewardInput]:
-    """One RewardInput per sample; a prompt's images are decoded once for its n samples."""
+    """One RewardInput per sample; a prompt's images and video frames are decoded once for its n samples."""
     batch.require("response_text", "answer", "data_source", "images", "extra")
+    videos = batch["videos"] if "videos" in batch.objects else [[]] * len(batch)
     decoded: dict[int, list[Image.Image]] = {}
+    clips: dict[int, list[Video]] = {}
     inputs = []
-    for text, answer, source, images, extra in zip(
-        batch["response_text"], batch["answer"], batch["data_source"], batch["images"], batch["extra"]
+    for text, answer, source, images, stored, extra in zip(
+        batch["response_text"], batch["answer"], batch["data_source"], batch["images"], videos, batch["extra"]
     ):
         if id(images) not in decoded:
             decoded[id(images)] = [decode_image(b) for b in images]
-        inputs.append(
-            RewardInput(response=text, ground_truth=answer, data_source=source, images=decoded[id(images)], extra=extra)
-        )
+        if id(stored) not in clips:
+            clips[id(stored)] = [decode_video(v) for v in stored]
+        inputs.append(RewardInput(response=text, ground_truth=answer, data_source=source, images=decoded[id(images)],
+                                  videos=clips[id(stored)], extra=extra))
     return inputs
 
 

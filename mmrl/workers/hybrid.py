@@ -88,7 +88,7 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         finally:
             self.rollout.release()
 
-    @register(Dispatch.DP_COMPUTE, fields=("messages", "images"), optional=("uid",))
+    @register(Dispatch.DP_COMPUTE, fields=("messages", "images"), optional=("videos", "uid"))
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """prompts (one row per prompt: messages, images) -> one row per sample (n per prompt, in order).
 

@@ -416,7 +416,7 @@ def test_hostile_lines_are_quarantined_with_their_reason_and_nothing_outside_is_
         opened.append(str(path))
         return real_open(path, *args, **kwargs)
 
-    def count_tokens(prompt: str, images: list) -> int:  # a stand-in processor: words plus 16 per image
+    def count_tokens(prompt: str, images: list, videos: list) -> int:  # a stand-in: words plus 16 per image
         return len(prompt.split()) + 16 * len(images)
 
     monkeypatch.setattr(Image, "open", spy)

@@ -177,7 +177,8 @@ def test_call_reward_fn_passes_all_keywords_to_var_kwargs() -> None:
         return 1.0
 
     call_reward_fn(fn, inp("resp", "truth", data_source="src"))
-    expected = {"response": "resp", "ground_truth": "truth", "data_source": "src", "images": [], "extra": {}}
+    expected = {"response": "resp", "ground_truth": "truth", "data_source": "src", "images": [], "videos": [],
+                "extra": {}}
     assert seen == expected
 
 
