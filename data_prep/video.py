@@ -84,6 +84,7 @@ def decode_video(path: str, limits: VideoLimits) -> dict[str, Any]:
     import decord
     from PIL import Image
 
+    _probe(path)
     try:
         reader = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1)
         total, native_fps = len(reader), float(reader.get_avg_fps())
@@ -107,6 +108,23 @@ def decode_video(path: str, limits: VideoLimits) -> dict[str, Any]:
     pngs = [encode_png(Image.fromarray(frame).convert("RGB").resize(plan.size, Image.Resampling.BICUBIC))
             for frame in frames]
     return {"frames": pngs, "timestamps": [i / native_fps for i in plan.indices], "sampled_down": plan.sampled_down}
+
+
+def _probe(path: str) -> None:
+    """Reject a file with no video stream (an audio-only MP4, a video stream that got no frames) as
+    ``empty_video`` before the decoder sees it; one the container library cannot open is ``corrupt_video``."""
+    import av
+
+    unreadable = f"video {path} cannot be opened; re-encode it (e.g. H.264 in MP4) or drop the row"
+    try:
+        with av.open(path) as container:
+            kinds = [stream.type for stream in container.streams]
+    except Exception as err:  # av raises its own error classes for every unreadable container
+        raise RowRejected("corrupt_video", f"{unreadable} ({type(err).__name__}: {str(err)[:200]})") from err
+    if not kinds:  # e.g. a truncated MP4 whose index (moov atom) is gone
+        raise RowRejected("corrupt_video", f"{unreadable} (no readable streams: truncated?)")
+    if "video" not in kinds:
+        raise RowRejected("empty_video", f"video {path} has no video frames (streams: {kinds}); drop the row")
 
 
 def _serve(conn: Connection) -> None:

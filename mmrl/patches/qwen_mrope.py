@@ -95,10 +95,16 @@ def rope_index(
     return position_ids, torch.tensor(deltas, device=input_ids.device).unsqueeze(1)
 
 
+ORIGINAL: dict[type, Any] = {}
+"""The replaced methods, kept for tests that show where transformers' own positions differ."""
+
+
 def apply() -> None:
     """Install :func:`rope_index` on the Qwen2-VL and Qwen2.5-VL models (idempotent)."""
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
     from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
 
     for cls in (Qwen2VLModel, Qwen2_5_VLModel):
-        cls.get_rope_index = rope_index
+        if cls.get_rope_index is not rope_index:
+            ORIGINAL[cls] = cls.get_rope_index
+            cls.get_rope_index = rope_index

@@ -99,3 +99,22 @@ def test_reward_stage_table_and_config():
     assert set(REWARD_STAGES) == {"function"}
     with pytest.raises(ConfigError, match="reward.type='judge' is unknown; allowed: function"):
         load_config(None, ["reward.type=judge"])
+
+
+def test_a_reward_function_sees_the_prompt_s_video_frames_and_timestamps(tmp_path):
+    plugin = tmp_path / "video_reward.py"
+    # Rewards naming the colour of the first frame; checks it got the frames in order, with their times.
+    plugin.write_text(
+        "def score(response, videos):\n"
+        "    (clip,) = videos\n"
+        "    assert clip.timestamps == [0.0, 0.5]\n"
+        "    red = clip.frames[0].getpixel((0, 0))[0] > 128\n"
+        "    return float(('red' in response) == red)\n"
+    )
+    video = {"frames": [png((255, 0, 0)), png((0, 0, 255))], "timestamps": [0.0, 0.5]}
+    batch = Batch(objects={
+        "response_text": ["red", "blue"], "answer": ["red"] * 2, "data_source": ["v"] * 2,
+        "images": [[]] * 2, "videos": [[video]] * 2, "extra": [{}] * 2,
+    })
+    scores, metrics = build_reward_stage(RewardConfig(function=f"{plugin}:score", timeout_s=5)).score(batch)
+    assert scores.tolist() == [1.0, 0.0] and metrics["reward/num_errors"] == 0
