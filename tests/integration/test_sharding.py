@@ -124,6 +124,39 @@ def test_two_ranks_match_one_for_every_layout(groups, base_cfg, tiny_model_dir, 
     assert (report[0]["replicated"] > 0) == (sharded_parts < 2)
 
 
+@pytest.fixture(scope="module")
+def media_batch(tiny_model_dir):
+    """Video, image + video, two images and text-only prompts: ranks hold different media in every mix."""
+    from data_prep.schema import Video
+
+    processor = load_processor(tiny_model_dir)
+
+    def clip(colour):
+        return Video(frames=[Image.new("RGB", (56, 56), colour)] * 4, timestamps=[0.0, 0.5, 1.0, 1.5])
+
+    red, blue = Image.new("RGB", (56, 56), (255, 0, 0)), Image.new("RGB", (84, 56), (0, 0, 255))
+    specs = [("<video>Which colour first?", [], [clip((0, 200, 0))]),
+             ("<image><video>Same?", [red], [clip((200, 0, 0))]),
+             ("<image><image>Which colours?", [red, blue], []),
+             ("Name a colour.", [], []), ("Name a colour!", [], []), ("Name a colour!!", [], [])]
+    prompts = [encode_prompt(processor, [{"role": "user", "content": t}], i, v) for t, i, v in specs]
+    gen = torch.Generator().manual_seed(1)
+    responses, mask = torch.randint(20, 200, (6, 5), generator=gen), torch.ones(6, 5)
+    mask[1, 2:] = 0
+    return Batch(tensors={"responses": responses, "response_mask": mask,
+                          "advantages": torch.randn(6, 1, generator=gen) * mask}, objects={"prompt": prompts})
+
+
+@pytest.mark.parametrize("vision,llm", [("fsdp", "fsdp"), ("fsdp", "replicate")])
+def test_a_batch_mixing_video_images_and_text_trains_the_same_on_two_ranks(groups, base_cfg, tiny_model_dir,
+                                                                          media_batch, vision, llm):
+    """The vision tower is sharded, and the ranks see different media (or none): one call per forward on
+    every rank keeps the collectives in step, and two ranks compute the update one rank computes."""
+    single = one_update(groups[0], configure(base_cfg, "replicate", "replicate"), tiny_model_dir, media_batch)
+    sharded = one_update(groups[1], configure(base_cfg, vision, llm), tiny_model_dir, media_batch)
+    assert_same_update(sharded, single)
+
+
 def test_one_rank_fsdp_matches_replicated(groups, base_cfg, tiny_model_dir, mixed_batch, reference):
     result = one_update(groups[0], configure(base_cfg, "fsdp", "fsdp"), tiny_model_dir, mixed_batch)
     assert_same_update(result, reference)

