@@ -65,10 +65,11 @@ demo: $(STAMP)
 	$(STAGE).demo --config $(CONFIG) $(ARGS)
 
 # A benchmark, not a test: step time, memory and bytes per layout (about 3.5 min on 2 cores), then the
-# rollout engines (hf vs vllm) side by side.
+# rollout engines (hf vs vllm) side by side, then video data prep and an image vs a video RL step.
 bench: $(STAMP)
 	$(STAGE).bench --config configs/bench.yaml $(ARGS)
 	$(STAGE).bench_engines --config configs/bench_engines.yaml $(ARGS)
+	$(STAGE).bench_media --config configs/bench_engines.yaml $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest tests -q $(PYTEST_ARGS)

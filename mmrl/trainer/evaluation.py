@@ -56,10 +56,13 @@ def evaluate(generate: GenerateFn, rows: list[dict[str, Any]], verifier: Verifie
 
 
 def _sample_row(prompts: Batch, i: int, response: str, reward: float) -> dict[str, Any]:
+    """One row of the rollout table; its picture is the first image, else the first frame of the first video."""
     question = " ".join(m["content"] for m in prompts["messages"][i] if m["role"] == "user")
+    videos = prompts["videos"][i] if "videos" in prompts.objects else []
+    picture = prompts["images"][i][0] if prompts["images"][i] else (videos[0]["frames"][0] if videos else b"")
     return {
         "prompt": question,
-        "image_png": prompts["images"][i][0] if prompts["images"][i] else b"",
+        "image_png": picture,
         "response": response,
         "answer": prompts["answer"][i],
         "reward": reward,

@@ -97,3 +97,18 @@ def test_data_stage_converts_user_jsonl_with_quarantine(tmp_path, capsys, tiny_m
     (image,) = decode_images(rows[0])
     assert image.width * image.height <= 12544 and image.width % 28 == 0
     assert json.loads(rows[0]["extra"])["source_id"] == 7
+
+
+def test_data_stage_mixes_video_and_multi_image_tasks_by_config(tmp_path, capsys):
+    out = tmp_path / "data"
+    data_stage.main(["--config", "", f"data.dir={out}", "data.tasks={first_colour: 0.5, compare_count: 0.5}",
+                     "data.sizes={train: 8, test: 4}", "data.video_size=56"])
+    assert "train     8 rows" in capsys.readouterr().out
+    from data_prep.schema import read_parquet
+
+    rows = list(read_parquet(out / "train.parquet"))
+    videos = [r for r in rows if r["videos"]]
+    pairs = [r for r in rows if len(r["images"]) == 2]
+    assert len(videos) == 4 and len(pairs) == 4
+    assert len(list((out / "media").rglob("*.mp4"))) == 6  # 4 train + 2 test clips, real files
+    assert all(len(r["videos"][0]["frames"]) == 4 for r in videos)
