@@ -28,18 +28,11 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
+from data_prep.palette import BACKGROUND_RANGE, COLOURS
 from data_prep.pixels import encode_png
 from data_prep.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, make_row
 from data_prep.synthetic_video import VIDEO_ANSWERS, VIDEO_QUESTIONS, VIDEO_TASKS, ClipSpec, generate_video_rows
 
-COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (220, 30, 30),
-    "green": (30, 160, 50),
-    "blue": (30, 70, 220),
-    "yellow": (240, 210, 20),
-    "purple": (130, 40, 170),
-    "orange": (250, 130, 10),
-}
 SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
 QUESTIONS: dict[str, str] = {
     "colour": "What colour is the shape?",
@@ -52,7 +45,6 @@ TASKS: tuple[str, ...] = IMAGE_TASKS + VIDEO_TASKS
 
 MAX_COUNT_LIMIT = 9  # keeps every count answer a single digit listed below
 MIN_IMAGE_SIZE = 56
-BACKGROUND_RANGE = (200, 240)  # light grey levels, far from every colour above
 _MIN_SIDE = 8  # smallest drawn shape, in pixels
 _GAP = 3  # pixels kept free between shapes so they never touch
 _MARGIN = 2

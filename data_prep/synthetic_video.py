@@ -22,19 +22,12 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
+from data_prep.palette import BACKGROUND_RANGE, COLOURS
 from data_prep.records import ImageLimits, RowConverter
 from data_prep.rejects import RowRejected
 from data_prep.schema import VIDEO_PLACEHOLDER
 from data_prep.video import VideoLimits
 
-COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (220, 30, 30),
-    "green": (30, 160, 50),
-    "blue": (30, 70, 220),
-    "yellow": (240, 210, 20),
-    "purple": (130, 40, 170),
-    "orange": (250, 130, 10),
-}
 DIRECTIONS: dict[str, tuple[int, int]] = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
 VIDEO_QUESTIONS: dict[str, str] = {
     "first_colour": "Which colour appears first?",
@@ -42,7 +35,6 @@ VIDEO_QUESTIONS: dict[str, str] = {
 }
 VIDEO_ANSWERS: dict[str, tuple[str, ...]] = {"first_colour": tuple(COLOURS), "direction": tuple(DIRECTIONS)}
 VIDEO_TASKS: tuple[str, ...] = tuple(VIDEO_QUESTIONS)
-BACKGROUND_RANGE = (200, 240)
 
 
 @dataclass(frozen=True)

@@ -161,7 +161,10 @@ class VideoReader:
         try:
             ok, payload = conn.recv()
         except (EOFError, OSError) as err:
-            code = self._proc.exitcode if self._proc is not None else None
+            code = None
+            if self._proc is not None:
+                self._proc.join(timeout=5)  # the pipe closes before the process is reaped
+                code = self._proc.exitcode
             self.close()
             raise RowRejected("decoder_crashed", f"the video decoder died on {path} (exit code {code}); "
                                                  "re-encode the file or drop the row") from err
