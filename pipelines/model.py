@@ -19,15 +19,24 @@ from pipelines.cli import parse
 from rewards import format_answer
 
 
+BASE_TASKS = ("colour", "count", "shape")
+
+
 def task_corpus(cfg: Config, rows_per_task: int = 200) -> Iterator[str]:
-    """Questions and answers of every synthetic task, answers also in the trained answer format."""
-    for task in IMAGE_TASKS:
+    """Questions and answers of the base image tasks (colour, count, shape) and of every other task in
+    ``data.tasks``, answers also in the trained answer format.
+
+    The tokenizer covers exactly the tasks it will see; the base tasks are always in, so an image-only
+    config gets the same tokenizer whatever other tasks exist.
+    """
+    extra = [task for task in cfg.data.tasks if task not in BASE_TASKS]
+    for task in [*BASE_TASKS, *(t for t in extra if t in IMAGE_TASKS)]:
         rows = generate_rows(task, rows_per_task, seed=cfg.seed, image_size=56, max_count=max(2, cfg.data.max_count))
         for text in corpus_texts(rows):
             yield text
         for row in rows:
             yield format_answer(row["answer"])
-    for task in VIDEO_TASKS:  # their texts only: no clip is needed to train a tokenizer
+    for task in (t for t in extra if t in VIDEO_TASKS):  # their texts only: no clip is needed for a tokenizer
         answers = VIDEO_ANSWERS[task]
         for i in range(rows_per_task):
             answer = answers[i % len(answers)]
