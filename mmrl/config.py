@@ -53,7 +53,10 @@ def num(default: float, *, gt: float | None = None, ge: float | None = None, le:
 
 
 # Keys that were renamed: the old spelling gets an error that names the new one.
-RENAMED = {"algorithm.adv_estimator": "algorithm.name (and adv_estimator=gae is now name=ppo)"}
+RENAMED = {
+    "algorithm.adv_estimator": "algorithm.name (and adv_estimator=gae is now name=ppo)",
+    "reward.type": "reward.function (rules), reward.model.path (a reward model) and reward.judge.path (a judge)",
+}
 
 
 @dataclass(kw_only=True)
@@ -273,21 +276,86 @@ class AlgorithmConfig:
 
 
 @dataclass(kw_only=True)
+class RewardModelConfig:
+    """A reward-model worker group: a VLM with a scalar head (``make rm``) scoring (prompt, media, response)."""
+
+    path: str = ""
+    """The reward model's checkpoint (``<rm.out_dir>/checkpoint``); empty: no reward model."""
+    weight: float = num(1.0)
+    """Its weight in the total reward."""
+    micro_batch_size: int = num(64, ge=1)
+    placement: Literal["colocate", "separate"] = "colocate"
+    """colocate: its ranks share the actor's resource pool; separate: its own pool."""
+    vision: VisionPartConfig = field(default_factory=VisionPartConfig)
+    llm: PartConfig = field(default_factory=PartConfig)
+
+
+@dataclass(kw_only=True)
+class JudgeConfig:
+    """A generative judge: a VLM asked, through a rollout engine, whether a response is correct."""
+
+    path: str = ""
+    """The judge's checkpoint (a policy checkpoint); empty: no judge."""
+    weight: float = num(1.0)
+    engine: str = ""
+    """Its rollout engine (see ``mmrl.rollout.ENGINES``); empty: ``rollout.engine``."""
+    template: str = ("Question: {question}\nReference answer: {ground_truth}\nResponse: {response}\n"
+                     "Is the response correct? Answer yes or no.")
+    """The question put to the judge, after the prompt's media; fields: question, response, ground_truth."""
+    max_new_tokens: int = num(8, ge=1)
+    micro_batch_size: int = num(64, ge=1)
+    placement: Literal["colocate", "separate"] = "colocate"
+
+
+@dataclass(kw_only=True)
 class RewardConfig:
-    type: str = "function"
-    """The reward stage by name (see ``mmrl.trainer.reward_stage.REWARD_STAGES``): ``function`` runs reward
-    functions (registered names, plugins, files)."""
     function: str = "answer_match"
-    """A registered reward name, or ``path/to/file.py:function``."""
+    """A reward function: a registered name (``rewards.available()``), an installed plugin (entry-point group
+    ``mmrl.rewards``) or ``path/to/file.py:function``; ``none`` for no rule reward (a reward model alone)."""
     weights: dict[str, float] = field(default_factory=dict)
-    """When set, the reward is the weighted sum of these registered rewards (``function`` is then ignored)."""
+    """When set, the rule reward is the weighted sum of these reward functions (``function`` is then ignored)."""
     timeout_s: float = num(10.0, gt=0)
-    """A reward call that takes longer scores 0 and is counted."""
+    """A reward call that takes longer scores 0 and is counted (it is killed: it holds even without the GIL)."""
+    isolation: Literal["process", "inline"] = "process"
+    """process: reward functions run in a pool of worker processes (killed and restarted on a hang, a crash or
+    memory past ``max_memory_mb``); inline: in the driver (fastest, for trusted, well-behaved code)."""
+    num_workers: int = num(2, ge=1)
+    """Reward worker processes."""
+    max_memory_mb: float = num(4096, gt=0)
+    """A reward worker whose resident memory passes this is killed; its sample scores 0."""
+    max_abs_score: float = num(1e4, gt=0)
+    """A score outside [-max_abs_score, max_abs_score] is a failure and scores 0."""
+    max_failed_steps: int = num(3, ge=1)
+    """Stop the run once every sample of this many steps in a row had a failed reward call."""
     verifier: str = "answer_match"
     """The verifier that decides whether a response is correct (val/test accuracy, ``train/acc``): a
     registered reward name or ``path/to/file.py:function`` returning 1 for correct."""
     verifiers: dict[str, str] = field(default_factory=dict)
     """Per ``data_source`` verifiers that replace ``verifier`` for that source."""
+    model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+
+
+@dataclass(kw_only=True)
+class RMConfig:
+    """``make rm``: a reward model trained on preference pairs with the Bradley-Terry loss."""
+
+    init: str = "outputs/sft/checkpoint"
+    """The backbone it starts from (a policy checkpoint); its scalar head starts at zero."""
+    out_dir: str = "outputs/rm"
+    """Where the checkpoint (``<out_dir>/checkpoint``) and the pairs are written."""
+    split: str = "train"
+    """Prompts the training pairs are made from; held-out pairs come from ``val``."""
+    pairs_per_prompt: int = num(2, ge=1)
+    steps: int = num(200, ge=1)
+    batch_size: int = num(16, ge=1)
+    """Pairs per step."""
+    lr: float = num(1e-3, ge=0)
+    weight_decay: float = num(0.0, ge=0)
+    warmup_steps: int = num(10, ge=0)
+    grad_clip: float = num(1.0, gt=0)
+    eval_pairs: int = num(256, ge=1)
+    """Held-out pairs scored for pairwise accuracy."""
 
 
 @dataclass(kw_only=True)
@@ -366,6 +434,7 @@ class Config:
     critic: CriticConfig = field(default_factory=CriticConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    rm: RMConfig = field(default_factory=RMConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
@@ -376,17 +445,22 @@ class Config:
         # Imported here: the tables' modules import this one for their config types.
         from mmrl.algos import ALGORITHMS, POLICY_LOSSES
         from mmrl.rollout import ENGINES
-        from mmrl.trainer.reward_stage import REWARD_STAGES
 
         _known("algorithm.name", self.algorithm.name, ALGORITHMS)
         algorithm = ALGORITHMS[self.algorithm.name]
         _known("actor.policy_loss", self.actor.policy_loss or algorithm.policy_loss, POLICY_LOSSES)
-        _known("reward.type", self.reward.type, REWARD_STAGES)
+        _known("rollout.engine", self.reward.judge.engine or self.rollout.engine, ENGINES)
+        if self.reward.function == "none" and not self.reward.weights and not (
+            self.reward.model.path or self.reward.judge.path
+        ):
+            raise ConfigError("reward.function=none leaves nothing to score the samples: set reward.function, "
+                              "reward.weights, reward.model.path or reward.judge.path")
         _known("rollout.engine", self.rollout.engine, ENGINES)
         if self.rollout.n < algorithm.min_group_size:
             raise ConfigError(f"rollout.n={self.rollout.n}: {self.algorithm.name} compares the responses of one "
                               f"prompt, so it needs rollout.n >= {algorithm.min_group_size}")
-        for name in ("actor.vision", "actor.llm", "critic.vision", "critic.llm"):
+        for name in ("actor.vision", "actor.llm", "critic.vision", "critic.llm", "reward.model.vision",
+                     "reward.model.llm"):
             _check_part(self, name)
         samples = self.trainer.prompts_per_step * self.rollout.n
         for section in ("actor", "critic"):
@@ -417,8 +491,9 @@ def _known(key: str, value: str, table: dict[str, Any]) -> None:
 
 
 def _check_part(cfg: Config, name: str) -> None:
-    section, part = name.split(".")
-    spec: PartConfig = getattr(getattr(cfg, section), part)
+    spec: Any = cfg
+    for key in name.split("."):
+        spec = getattr(spec, key)
     workers = cfg.resources.num_workers
     if spec.strategy == "hsdp" and (spec.shard_size < 1 or workers % spec.shard_size):
         raise ConfigError(

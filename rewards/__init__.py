@@ -9,15 +9,14 @@ A reward function takes some of the keywords ``response``, ``ground_truth``,
 from rewards.manager import RewardManager, RewardResult
 from rewards.registry import ENTRY_POINT_GROUP, available, load_from_file, register, resolve
 from rewards.types import REWARD_KEYWORDS, RewardFn, RewardInput, accepted_keywords, call_reward_fn
+from rewards.compose import by_data_source, weighted
 from rewards.verifiers import (
     ANSWER_TAG,
     answer_match,
-    by_data_source,
     extract_answer,
     format_answer,
     format_reward,
     normalize,
-    weighted,
 )
 
 __all__ = [

@@ -26,7 +26,8 @@ from types import ModuleType
 from typing import TypeVar
 
 from rewards.types import RewardFn, describe_fn
-from rewards.verifiers import answer_match, format_reward, weighted
+from rewards.compose import weighted
+from rewards.verifiers import BUILTINS
 
 ENTRY_POINT_GROUP = "mmrl.rewards"
 _SPEC_FORMS = "a registered name, 'path/to/file.py:function' or {'weighted': {name: weight, ...}}"
@@ -56,8 +57,8 @@ def register(name: str) -> Callable[[F], F]:
     return decorator
 
 
-register("answer_match")(answer_match)
-register("format")(format_reward)
+for _name, _fn in BUILTINS.items():
+    register(_name)(_fn)
 
 
 def available() -> list[str]:
