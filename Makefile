@@ -1,5 +1,6 @@
 # mmrl: one target per stage. Every target creates the virtual environment when it is missing.
 #   make demo            model -> data -> sft -> rl -> eval on the embedded defaults
+#   make rm              a reward model from preference pairs; then make rl CONFIG=configs/rlhf.yaml is RLHF
 #   make test            unit + integration tests
 #   make bench           step time, memory and bytes per worker layout; hf vs vllm rollout throughput
 #   make rl CONFIG=configs/grpo_image.yaml ARGS="rollout.n=8 actor.lr=1e-4"
@@ -30,7 +31,7 @@ PIP   := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.mmrl-installed
 STAGE := $(PY) -m pipelines
 
-.PHONY: install model data sft rl eval demo bench test test-unit test-integration ui clean help
+.PHONY: install model data sft rm rl eval demo bench test test-unit test-integration ui clean help
 
 help:
 	@sed -n '1,6p' Makefile
@@ -54,6 +55,9 @@ data: $(STAMP)
 
 sft: $(STAMP)
 	$(STAGE).sft --config $(CONFIG) $(ARGS)
+
+rm: $(STAMP)
+	$(STAGE).rm --config $(CONFIG) $(ARGS)
 
 rl: $(STAMP)
 	$(STAGE).rl --config $(CONFIG) $(ARGS)

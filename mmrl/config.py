@@ -344,9 +344,13 @@ class RMConfig:
     """The backbone it starts from (a policy checkpoint); its scalar head starts at zero."""
     out_dir: str = "outputs/rm"
     """Where the checkpoint (``<out_dir>/checkpoint``) and the pairs are written."""
-    split: str = "train"
-    """Prompts the training pairs are made from; held-out pairs come from ``val``."""
+    train_pairs: str = ""
+    """A JSON-lines file of training pairs (``prompt_id`` of a row of the train split, ``chosen``,
+    ``rejected``); empty: synthetic pairs made from the train split's labels."""
+    val_pairs: str = ""
+    """The same for the held-out pairs, on the val split."""
     pairs_per_prompt: int = num(2, ge=1)
+    """Synthetic pairs per prompt."""
     steps: int = num(200, ge=1)
     batch_size: int = num(16, ge=1)
     """Pairs per step."""

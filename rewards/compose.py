@@ -1,4 +1,10 @@
-"""Composite reward functions: a weighted sum of named rewards, and a dispatcher by ``data_source``."""
+"""Composite reward functions: a weighted sum of named rewards, and a dispatcher by ``data_source``.
+
+Both are one reward function (one call per sample, its parts run one after the other). As specs they
+are ``{"weighted": {...}}`` and ``{"by_data_source": {...}, "default": ...}`` (see :mod:`rewards.registry`).
+Given to :class:`rewards.RewardManager` as ``{spec: weight}`` instead, each part is run and isolated
+on its own, and a batched or async part keeps its kind.
+"""
 
 from __future__ import annotations
 
@@ -55,9 +61,13 @@ def by_data_source(verifiers: Mapping[str, str], default: str) -> RewardFn:
     """A reward function that scores each sample with the verifier named for its ``data_source``.
 
     ``verifiers`` maps a data_source to a reward spec (a registered name or ``"path/to/file.py:function"``);
-    a sample from any other source is scored by ``default``.
+    a sample from any other source is scored by ``default``. As a spec:
+    ``{"by_data_source": verifiers, "default": default}``.
     """
     from rewards.registry import resolve
+
+    if not isinstance(verifiers, Mapping):
+        raise TypeError(f"by_data_source() needs a dict of data_source -> reward spec, got {verifiers!r}")
 
     table = {source: resolve(spec) for source, spec in verifiers.items()}
     fallback = resolve(default)
@@ -67,5 +77,6 @@ def by_data_source(verifiers: Mapping[str, str], default: str) -> RewardFn:
         return call_reward_fn(table.get(inp.data_source, fallback), inp)
 
     label = ", ".join(f"{source}={spec}" for source, spec in verifiers.items())
-    dispatch.__name__ = dispatch.__qualname__ = f"by_data_source({label}{', ' if label else ''}default={default})"
+    label = f"{label}, default={default}" if label else f"default={default}"
+    dispatch.__name__ = dispatch.__qualname__ = f"by_data_source({label})"
     return dispatch

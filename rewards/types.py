@@ -1,44 +1,65 @@
 """What a reward function receives and how mmrl calls it.
 
-A reward function is any callable that takes some or all of the keyword
-arguments ``response``, ``ground_truth``, ``data_source``, ``images``, ``videos``
-and ``extra`` and returns either a float or a dict holding a ``"score"`` float
-plus any other numeric components, e.g.::
+A reward function takes, by name, any of the fields of :class:`RewardInput` (``response``,
+``ground_truth``, ``data_source``, ``images``, ``videos``, ``extra``, ``prompt``,
+``model_image_sizes``, ``response_tokens``, ``max_response_tokens``) and any column of the sample's
+data row (a parameter that is not a field is filled from ``extra[name]``). It returns a float, or a
+dict holding a ``"score"`` plus other numeric parts that are logged, e.g.::
 
-    def my_reward(response, ground_truth):
-        return {"score": 1.0, "length": len(response)}
+    def my_reward(response, ground_truth, difficulty=1.0):  # "difficulty": a column of the data row
+        return {"score": float(response == ground_truth) * difficulty, "length": len(response)}
+
+Three kinds of function are called differently:
+
+* plain: one sample per call;
+* batched (marked with :func:`batched`): one call per chunk of samples, every keyword a list with one
+  entry per sample, returning a list of results of the same length;
+* async (``async def``): many samples awaited concurrently on one event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import math
 import numbers
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import KW_ONLY, dataclass, field, fields
+from typing import Any, TypeVar
 
-RewardFn = Callable[..., float | Mapping[str, float]]
+RewardFn = Callable[..., Any]
+F = TypeVar("F", bound=Callable[..., Any])
+
+BATCHED_ATTR = "__mmrl_batched__"
 
 
 @dataclass(frozen=True)
 class RewardInput:
-    """One sample to score: the model's response and its prompt's data row."""
+    """One sample to score: the model's response, its prompt and the prompt's data row."""
 
     response: str
     ground_truth: str
     data_source: str = ""
     images: list = field(default_factory=list)  # PIL images of the prompt; may be empty
-    videos: list = field(default_factory=list)  # the prompt's videos: data_prep.schema.Video (frames, timestamps)
-    extra: dict = field(default_factory=dict)  # the data row's other fields
+    videos: list = field(default_factory=list)  # the prompt's data_prep.schema.Video (frames, timestamps)
+    extra: dict = field(default_factory=dict)  # the data row's other columns
+    _: KW_ONLY
+    prompt: str = ""  # the text of the prompt's user turns
+    model_image_sizes: list = field(default_factory=list)  # per image, (width, height) resized for the model
+    response_tokens: int = 0  # length of the response in tokens
+    max_response_tokens: int = 0  # the generation limit (0: unknown)
 
     def __post_init__(self) -> None:
         for name, expected in _FIELD_TYPES.items():
             value = getattr(self, name)
-            if not isinstance(value, expected):
+            if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
                 raise TypeError(
                     f"RewardInput.{name} must be a {expected.__name__}, got {type(value).__name__}; "
                     f"convert it when building the input, e.g. {name}={expected.__name__}(...)"
                 )
+        for name in ("response_tokens", "max_response_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"RewardInput.{name} must be >= 0, got {getattr(self, name)}")
 
     def as_kwargs(self) -> dict[str, Any]:
         """All fields as the keyword arguments a reward function may take."""
@@ -52,11 +73,23 @@ _FIELD_TYPES: dict[str, type] = {
     "images": list,
     "videos": list,
     "extra": dict,
+    "prompt": str,
+    "model_image_sizes": list,
+    "response_tokens": int,
+    "max_response_tokens": int,
 }
 REWARD_KEYWORDS: tuple[str, ...] = tuple(f.name for f in fields(RewardInput))
 
 _KEYWORD_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-_VARIADIC_KINDS = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+_REQUIRED = inspect.Parameter.empty
+
+
+def batched(fn: F) -> F:
+    """Mark ``fn`` as batched: it is called with lists (one entry per sample) and returns a list."""
+    if not callable(fn):
+        raise TypeError(f"rewards.batched was applied to {fn!r}, which is not callable")
+    setattr(fn, BATCHED_ATTR, True)
+    return fn
 
 
 def describe_fn(fn: object) -> str:
@@ -68,64 +101,182 @@ def describe_fn(fn: object) -> str:
     return repr(fn)
 
 
-def accepted_keywords(fn: RewardFn) -> frozenset[str]:
-    """The reward keywords ``fn`` takes; all of them if it has ``**kwargs``.
+@dataclass(frozen=True)
+class CallPlan:
+    """How to call one reward function: which fields and row columns it takes, and its kind."""
 
-    Raises TypeError if ``fn`` is not callable or has a required parameter
-    that mmrl cannot supply.
+    fields: tuple[str, ...]
+    columns: tuple[tuple[str, Any], ...]  # (column name, default or inspect.Parameter.empty)
+    batched: bool = False
+    is_async: bool = False
+
+
+def plan_call(fn: RewardFn) -> CallPlan:
+    """The :class:`CallPlan` of ``fn``.
+
+    Raises TypeError if ``fn`` is not callable or has a required positional-only parameter (it could
+    not be passed by name).
     """
     if not callable(fn):
         raise TypeError(f"reward function {fn!r} is not callable; pass a function or a registered name")
+    kind = {"batched": getattr(fn, BATCHED_ATTR, False) is True, "is_async": _is_async(fn)}
     try:
-        params = inspect.signature(fn).parameters.values()
+        params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         # Some C-implemented callables have no introspectable signature.
-        return frozenset(REWARD_KEYWORDS)
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return frozenset(REWARD_KEYWORDS)
-    accepted = frozenset(p.name for p in params if p.kind in _KEYWORD_KINDS and p.name in REWARD_KEYWORDS)
+        return CallPlan(fields=REWARD_KEYWORDS, columns=(), **kind)
     for p in params:
-        required = p.default is inspect.Parameter.empty and p.kind not in _VARIADIC_KINDS
-        if required and p.name not in accepted:
+        if p.kind is inspect.Parameter.POSITIONAL_ONLY and p.default is _REQUIRED:
             raise TypeError(
-                f"reward function {describe_fn(fn)} has a required parameter {p.name!r} that mmrl cannot "
-                f"supply; name it one of {', '.join(REWARD_KEYWORDS)} (keyword-passable) or give it a default"
+                f"reward function {describe_fn(fn)} has a required positional-only parameter {p.name!r}; "
+                "mmrl passes everything by name: drop the '/' or give it a default"
             )
-    return accepted
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return CallPlan(fields=REWARD_KEYWORDS, columns=(), **kind)
+    named = [p for p in params if p.kind in _KEYWORD_KINDS]
+    return CallPlan(
+        fields=tuple(p.name for p in named if p.name in REWARD_KEYWORDS),
+        columns=tuple((p.name, p.default) for p in named if p.name not in REWARD_KEYWORDS),
+        **kind,
+    )
+
+
+def _is_async(fn: object) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+def accepted_keywords(fn: RewardFn) -> frozenset[str]:
+    """The :class:`RewardInput` fields ``fn`` takes; all of them if it has ``**kwargs``.
+
+    Its other parameters are data-row columns (see :func:`bind`).
+    """
+    return frozenset(plan_call(fn).fields)
+
+
+def bind(plan: CallPlan, inp: RewardInput, owner: str) -> dict[str, Any]:
+    """The keyword arguments of one call: the fields ``plan`` takes and its row columns from ``inp.extra``.
+
+    A column missing from the row takes its parameter's default; a required one raises TypeError
+    naming it and listing the columns the row has.
+    """
+    kwargs = {name: getattr(inp, name) for name in plan.fields}
+    for name, default in plan.columns:
+        if name in inp.extra:
+            kwargs[name] = inp.extra[name]
+        elif default is not _REQUIRED:
+            kwargs[name] = default
+        else:
+            raise TypeError(
+                f"reward function {owner} takes {name!r}, which is neither a RewardInput field nor a column "
+                f"of this sample's data row; the row's columns: {sorted(map(str, inp.extra))}; the fields: "
+                f"{', '.join(REWARD_KEYWORDS)}"
+            )
+    return kwargs
 
 
 def call_reward_fn(fn: RewardFn, inp: RewardInput) -> dict[str, float]:
-    """Call ``fn`` with the keywords it accepts and normalise its result.
+    """Call ``fn`` (of any kind) on one sample, in this thread, and normalise its result.
 
-    Returns a dict with ``"score"`` first, every value a float (NaN/inf are
-    passed through; the caller decides what to do with them).
+    Returns a dict with ``"score"`` first, every value a float (NaN/inf are passed through; the caller
+    decides what to do with them).
     """
-    keywords = accepted_keywords(fn)
-    result = fn(**{k: v for k, v in inp.as_kwargs().items() if k in keywords})
-    return normalize_result(fn, result)
+    plan = plan_call(fn)
+    owner = describe_fn(fn)
+    kwargs = bind(plan, inp, owner)
+    if plan.batched:
+        results = fn(**{name: [value] for name, value in kwargs.items()})
+        results = run_awaitable(results) if inspect.isawaitable(results) else results
+        if not is_result_list(results) or len(results) != 1:
+            raise TypeError(f"batched reward function {owner} returned {_kind_of(results)} for 1 sample; "
+                            "return a list with one float or dict per sample")
+        result = list(results)[0]
+    else:
+        result = fn(**kwargs)
+        result = run_awaitable(result) if inspect.isawaitable(result) else result
+    return normalize_result(result, owner)
 
 
-def normalize_result(fn: RewardFn, result: object) -> dict[str, float]:
-    """Turn a reward function's float-or-dict result into ``{"score": ..., ...}``."""
+def run_awaitable(awaitable: Any, timeout_s: float | None = None) -> Any:
+    """Run a coroutine (or other awaitable) to completion on a new event loop."""
+
+    async def wait() -> Any:
+        return await asyncio.wait_for(awaitable, timeout_s)
+
+    return asyncio.run(wait())
+
+
+def is_result_list(value: object) -> bool:
+    """Whether a batched function's return value is a sequence of per-sample results."""
+    if isinstance(value, (str, bytes, Mapping)):
+        return False
+    return hasattr(value, "__len__") and hasattr(value, "__iter__")
+
+
+def _kind_of(value: object) -> str:
+    return f"{len(value)} results" if is_result_list(value) else f"a {type_name(value)}"  # type: ignore
+
+
+@dataclass(frozen=True)
+class Unsendable:
+    """Stands for a returned value that is not a number: only its type crosses the process boundary."""
+
+    type_name: str
+
+
+def to_plain(result: object) -> object:
+    """A function's result reduced to plain data for the parent to validate.
+
+    Numbers become floats, a mapping with string keys a dict of floats, and anything else (or a
+    non-numeric value inside a mapping) an :class:`Unsendable` naming its type. Nothing of the
+    plugin's own classes is left, so reading the result back cannot run the plugin's code.
+    """
     if _is_number(result):
-        return {"score": float(result)}
+        return _to_float(result)
+    if isinstance(result, Mapping):
+        if not all(isinstance(key, str) for key in result):
+            return Unsendable("dict with non-string keys")
+        return {key: _to_float(value) if _is_number(value) else Unsendable(type(value).__name__)
+                for key, value in result.items()}
+    return Unsendable(type(result).__name__)
+
+
+def _to_float(value: Any) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond float's range
+        return math.copysign(math.inf, value)
+
+
+def normalize_result(result: object, owner: str) -> dict[str, float]:
+    """Turn a float-or-dict result into ``{"score": ..., ...}``; raise TypeError for any other shape.
+
+    ``owner`` names the function in the messages.
+    """
+    if _is_number(result):
+        return {"score": _to_float(result)}
     if not isinstance(result, Mapping):
         raise TypeError(
-            f"reward function {describe_fn(fn)} returned a {type(result).__name__}; "
+            f"reward function {owner} returned a {type_name(result)}; "
             'return a float or a dict like {"score": 1.0, "other": 0.5}'
         )
     if "score" not in result:
         raise TypeError(
-            f"reward function {describe_fn(fn)} returned a dict without 'score' (keys: {sorted(result)}); "
+            f"reward function {owner} returned a dict without 'score' (keys: {sorted(map(str, result))}); "
             'add the total reward under "score"'
         )
     bad = [key for key, value in result.items() if not isinstance(key, str) or not _is_number(value)]
     if bad:
         raise TypeError(
-            f"reward function {describe_fn(fn)} returned non-numeric values for keys {bad!r}; "
+            f"reward function {owner} returned non-numeric values for keys {bad!r}; "
             "every value of the returned dict must be a float"
         )
-    return {"score": float(result["score"]), **{k: float(v) for k, v in result.items() if k != "score"}}
+    parts = {key: _to_float(value) for key, value in result.items() if key != "score"}
+    return {"score": _to_float(result["score"]), **parts}
+
+
+def type_name(value: object) -> str:
+    """The type of a returned value, also when it arrived as an :class:`Unsendable`."""
+    return value.type_name if isinstance(value, Unsendable) else type(value).__name__
 
 
 def _is_number(value: object) -> bool:

@@ -10,12 +10,15 @@ reaches the tower too). The features are handed to the model through ``mm_encode
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
+VALUE_HEAD_FILE = "value_head.safetensors"
 MEDIA = (("image", "pixel_values", "image_grid_thw"), ("video", "pixel_values_videos", "video_grid_thw"))
 
 
@@ -122,10 +125,39 @@ class ValueModel(nn.Module):
         core = core_model(model)
         return cls(core, core.language_model.config.hidden_size)
 
-    def forward(self, inputs: dict[str, torch.Tensor], width: int) -> torch.Tensor:
-        """inputs: collated (B, P+width) -> values (B, width), float32."""
+    def forward(self, inputs: dict[str, torch.Tensor], width: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """inputs: collated (B, P+width), responses right-padded to ``width``.
+
+        Without ``lengths`` (the critic): values (B, width) float32 of the states before each response token.
+        With ``lengths`` (B,) int, the real response tokens of each row (a reward model): (B,) float32, the
+        head on the hidden state of each row's last response token, i.e. a score of the whole sequence.
+        (One method, so that FSDP's hooks on the root's ``forward`` gather the parameters either way.)
+        """
         media, anchor = encode_media(self.backbone, inputs, self.always_run_vision)
-        hidden = self.backbone(**text_inputs(inputs), mm_encoder_outputs=media or None, use_cache=False)
-        states = hidden.last_hidden_state[:, -(width + 1) : -1]
+        hidden = self.backbone(**text_inputs(inputs), mm_encoder_outputs=media or None, use_cache=False).last_hidden_state
+        if lengths is None:
+            states = hidden[:, -(width + 1) : -1]
+        else:
+            last = hidden.shape[1] - width + lengths.to(hidden.device).long().clamp(1, width) - 1
+            states = hidden[torch.arange(len(last), device=hidden.device), last]
         values = self.value_head(states).squeeze(-1).float()
         return values if anchor is None else values + anchor
+
+    def sequence_scores(self, inputs: dict[str, torch.Tensor], width: int, lengths: torch.Tensor) -> torch.Tensor:
+        """inputs (B, P+width), lengths (B,) -> (B,) float32: ``self(inputs, width, lengths)``."""
+        return self(inputs, width, lengths)
+
+    def save_head(self, folder: str | Path) -> Path:
+        """Write the scalar head as ``<folder>/value_head.safetensors``."""
+        path = Path(folder) / VALUE_HEAD_FILE
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.value_head.state_dict().items()}, str(path))
+        return path
+
+    def load_head(self, folder: str | Path) -> None:
+        """Load the scalar head written by :meth:`save_head` (a reward model's checkpoint)."""
+        path = Path(folder) / VALUE_HEAD_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{folder} has no {VALUE_HEAD_FILE}: it is not a reward-model checkpoint; "
+                                    "train one with `make rm` (its checkpoint is <rm.out_dir>/checkpoint)")
+        state = load_file(str(path))
+        self.value_head.load_state_dict({k: v.to(self.value_head.weight.dtype) for k, v in state.items()})

@@ -26,9 +26,11 @@ def evaluate_checkpoint(cfg: Config, checkpoint: str, split: str) -> EvalResult:
         return generate_samples(engine, processor, prompts, params)
 
     rows = load_rows(cfg.data.dir, split)
+    verifier = Verifier(cfg.reward, int(processor.image_processor.patch_size))
     try:
-        return evaluate(generate, rows, Verifier(cfg.reward), cfg.eval.batch_size, cfg.eval.max_new_tokens)
+        return evaluate(generate, rows, verifier, cfg.eval.batch_size, cfg.eval.max_new_tokens)
     finally:
+        verifier.close()
         engine.shutdown()
 
 

@@ -24,7 +24,7 @@ from mmrl.config import Config
 from mmrl.controller import ResourcePool, WorkerFailure, WorkerGroup
 from mmrl.controller.session import ensure_ray, worker_shape
 from mmrl.controller.worker import resolve_device
-from mmrl.models.loading import check_checkpoint
+from mmrl.models.loading import check_checkpoint, load_processor
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
 from mmrl.tracking import Tracker, console_line
@@ -33,9 +33,12 @@ from mmrl.trainer.dataset import PromptLoader, load_rows
 from mmrl.trainer.evaluation import EvalResult, evaluate, samples_html, samples_table
 from mmrl.trainer.metrics import non_finite, step_metrics, timing_metrics, value_metrics
 from mmrl.trainer.plots import plot_curves
-from mmrl.trainer.reward_stage import Verifier, build_reward_stage, place_on_last_token
+from mmrl.trainer.reward_stage import (CombinedReward, JudgeReward, ModelReward, RewardStage, RuleReward, Verifier,
+                                       place_on_last_token)
 from mmrl.workers.critic import CriticWorker
 from mmrl.workers.hybrid import ActorRolloutRefWorker
+from mmrl.workers.judge import JudgeWorker
+from mmrl.workers.reward_model import RewardModelWorker
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +63,17 @@ class RLTrainer:
             n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
             top_k=cfg.rollout.top_k, max_new_tokens=cfg.rollout.max_new_tokens,
         )
-        self.reward = build_reward_stage(cfg.reward)
-        self.verifier = Verifier(cfg.reward)
+        reward = cfg.reward
+        for path, key in ((reward.model.path, "reward.model.path"), (reward.judge.path, "reward.judge.path")):
+            if path:
+                check_checkpoint(path, key)
+        patch_size = int(load_processor(self.checkpoint).image_processor.patch_size)
+        if reward.model.path:
+            check_same_tokenizer(self.checkpoint, reward.model.path)
+        self.rules = None
+        if reward.weights or reward.function != "none":
+            self.rules = RuleReward(reward, cfg.rollout.max_new_tokens, patch_size)
+        self.verifier = Verifier(reward, patch_size)
         self.train_rows = load_rows(cfg.data.dir, "train")
         self.val_rows = load_rows(cfg.data.dir, "val", limit=cfg.trainer.val_size)
         self.checkpoints = CheckpointManager(cfg.trainer.out_dir, cfg.trainer.keep_last)
@@ -80,22 +92,44 @@ class RLTrainer:
     def build_workers(self) -> None:
         """The actor-rollout-ref group, and the critic group when the algorithm needs one (colocated on
         the actor's pool, or on its own)."""
-        res, timeout = self.cfg.resources, self.cfg.trainer.step_timeout_s
+        cfg, res, timeout = self.cfg, self.cfg.resources, self.cfg.trainer.step_timeout_s
         ensure_ray(res)
         use_gpu = resolve_device(res.device).type == "cuda"
-        with_critic = self.algorithm.needs_critic
-        separate = with_critic and self.cfg.critic.placement == "separate"
-        cpus, threads = worker_shape(res, use_gpu, pools=2 if separate else 1)
+        # Each group beside the actor's: (name, worker class, placement, checkpoint).
+        extra = [(name, worker, placement, path) for name, worker, placement, path, wanted in (
+            ("critic", CriticWorker, cfg.critic.placement, cfg.critic.init or self.checkpoint,
+             self.algorithm.needs_critic),
+            ("reward_model", RewardModelWorker, cfg.reward.model.placement, cfg.reward.model.path,
+             bool(cfg.reward.model.path)),
+            ("judge", JudgeWorker, cfg.reward.judge.placement, cfg.reward.judge.path, bool(cfg.reward.judge.path)),
+        ) if wanted]
+        separate = [e for e in extra if e[2] == "separate"]
+        cpus, threads = worker_shape(res, use_gpu, pools=1 + len(separate))
         pool = ResourcePool(res.num_workers, cpus, use_gpu, name="actor_rollout_ref")
-        share = 0.5 if with_critic and not separate else 1.0
-        group = dict(threads=threads, device=res.device, share=share, timeout_s=timeout)
-        self.workers = WorkerGroup(ActorRolloutRefWorker, pool, **group)
-        self.workers.init_model(self.cfg, self.checkpoint, self.with_reference)
-        self.critic: WorkerGroup | None = None
-        if with_critic:
-            critic_pool = ResourcePool(res.num_workers, cpus, use_gpu, name="critic") if separate else pool
-            self.critic = WorkerGroup(CriticWorker, critic_pool, **group)
-            self.critic.init_model(self.cfg, self.cfg.critic.init or self.checkpoint)
+        colocated = 1 + len(extra) - len(separate)
+        group = dict(threads=threads, device=res.device, timeout_s=timeout)
+        self.workers = WorkerGroup(ActorRolloutRefWorker, pool, share=1.0 / colocated, **group)
+        self.workers.init_model(cfg, self.checkpoint, self.with_reference)
+        self.groups: dict[str, WorkerGroup] = {}
+        for name, worker, placement, path in extra:
+            own = placement == "separate"
+            own_pool = ResourcePool(res.num_workers, cpus, use_gpu, name=name) if own else pool
+            self.groups[name] = WorkerGroup(worker, own_pool, share=1.0 if own else 1.0 / colocated, **group)
+            self.groups[name].init_model(cfg, path)
+        self.critic = self.groups.get("critic")
+        self.reward = self.build_reward()
+
+    def build_reward(self) -> RewardStage:
+        """The training reward: the rule part, and the reward model's and the judge's on their groups."""
+        reward = self.cfg.reward
+        parts: list[tuple[str, float, RewardStage]] = []
+        if self.rules is not None:
+            parts.append(("rules", 1.0, self.rules))
+        if "reward_model" in self.groups:
+            parts.append(("model", reward.model.weight, ModelReward(self.groups["reward_model"])))
+        if "judge" in self.groups:
+            parts.append(("judge", reward.judge.weight, JudgeReward(self.groups["judge"])))
+        return CombinedReward(parts)
 
     # ---- the loop -----------------------------------------------------------------------------
 
@@ -271,9 +305,18 @@ class RLTrainer:
         tracker.log_figure(figure, "curves.png")
 
     def shutdown(self) -> None:
-        for group in (getattr(self, "critic", None), getattr(self, "workers", None)):
+        """Stop every worker group (the reward processes live on: a recovery reuses them; see close())."""
+        for group in [*getattr(self, "groups", {}).values(), getattr(self, "workers", None)]:
             if group is not None:
                 group.shutdown()
+        self.groups = {}
+
+    def close(self) -> None:
+        """Stop the worker groups and the reward processes."""
+        self.shutdown()
+        for manager in (self.rules, self.verifier):
+            if manager is not None:
+                manager.close()
 
 
 def run_rl(cfg: Config) -> dict[str, float]:
@@ -294,4 +337,13 @@ def run_rl(cfg: Config) -> dict[str, float]:
         tracker.finish("FAILED")
         raise
     finally:
-        trainer.shutdown()
+        trainer.close()
+
+
+def check_same_tokenizer(policy: str, reward_model: str) -> None:
+    """The reward model reads the policy's token ids, so both must share one vocabulary."""
+    ours, theirs = (load_processor(path).tokenizer.get_vocab() for path in (policy, reward_model))
+    if ours != theirs:
+        raise ValueError(f"reward.model.path={reward_model} has a different tokenizer from the policy at {policy} "
+                         f"({len(theirs)} vs {len(ours)} tokens, or the same sizes with other ids); train the "
+                         "reward model from the policy's checkpoint (make rm, rm.init)")

@@ -112,8 +112,12 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     tracker = Tracker(cfg, cfg.trainer.experiment, "sft", stage="sft")
     try:
         trainer.train(tracker)
-        val = evaluate(trainer.generate, load_rows(cfg.data.dir, "val", cfg.trainer.val_size),
-                       Verifier(cfg.reward), cfg.eval.batch_size, cfg.eval.max_new_tokens)
+        verifier = Verifier(cfg.reward, int(trainer.processor.image_processor.patch_size))
+        try:
+            val = evaluate(trainer.generate, load_rows(cfg.data.dir, "val", cfg.trainer.val_size),
+                           verifier, cfg.eval.batch_size, cfg.eval.max_new_tokens)
+        finally:
+            verifier.close()
         tracker.log_metrics(val.metrics("val"), cfg.sft.steps)
         path = save_checkpoint(trainer.model, trainer.processor, Path(cfg.sft.out_dir) / "checkpoint")
         tracker.finish()

@@ -7,9 +7,13 @@ actor        PolicyForward       actor.vision / llm   all, but the vision tower 
 reference    PolicyForward       actor.vision / llm   none (eval mode): the frozen KL anchor
 critic       ValueModel          critic.vision / llm  all (backbone + a new zero value head), but the
                                                       vision tower when critic.vision.freeze
+reward_model ValueModel + the    reward.model.vision  none: a trained reward model (``make rm``) scoring
+             checkpoint's head   / llm                whole responses
+rm_trainee   ValueModel          (single process)     all: ``make rm`` trains the backbone and a new head
+judge        PolicyForward       (replicated)         none: a generative judge's policy
 ===========  ==================  ===================  =================================================
 
-A new role (a reward model, a LoRA actor) is one more entry of ``ROLES``.
+A new role (a LoRA actor) is one more entry of ``ROLES``.
 """
 
 from __future__ import annotations
@@ -26,43 +30,64 @@ from mmrl.models.forward import PolicyForward, ValueModel
 from mmrl.models.loading import load_model
 from mmrl.parallel.sharding import Layout, shard_parts
 
-Role = Literal["actor", "reference", "critic"]
+Role = Literal["actor", "reference", "critic", "reward_model", "rm_trainee", "judge"]
 
 
 @dataclass(frozen=True)
 class RoleSpec:
     wrap: Callable[[nn.Module], nn.Module]
     """Hugging Face model -> the root module the workers run (and FSDP shards)."""
-    section: Literal["actor", "critic"]
-    """The config section whose ``vision`` / ``llm`` layouts apply."""
+    section: str
+    """The config section whose ``vision`` / ``llm`` layouts apply (a dotted path; empty: replicated)."""
     trainable: bool
+    load_head: bool = False
+    """Load the checkpoint's scalar head (``value_head.safetensors``)."""
 
 
 ROLES: dict[str, RoleSpec] = {
     "actor": RoleSpec(PolicyForward, "actor", trainable=True),
     "reference": RoleSpec(PolicyForward, "actor", trainable=False),
     "critic": RoleSpec(ValueModel.from_policy, "critic", trainable=True),
+    "reward_model": RoleSpec(ValueModel.from_policy, "reward.model", trainable=False, load_head=True),
+    "rm_trainee": RoleSpec(ValueModel.from_policy, "", trainable=True),
+    "judge": RoleSpec(PolicyForward, "", trainable=False),
 }
 
 
 def build_model(
-    cfg: Config, role: Role, checkpoint: str, *, device: torch.device, world_size: int = 1, distributed: bool = True
+    cfg: Config, role: Role, checkpoint: str, *, device: torch.device, world_size: int = 1, distributed: bool = True,
+    model: nn.Module | None = None,
 ) -> Layout:
     """Load ``checkpoint`` as ``role`` and lay it out over ``world_size`` ranks.
 
     Every rank of a group calls it with the same arguments (sharding runs collectives). With
     ``distributed=False`` (a single process without a process group: SFT, tests) both parts stay
-    replicated whatever the config says.
+    replicated whatever the config says. ``model``: the Hugging Face model already loaded from ``checkpoint``
+    (the role wraps it, sharing its weights, instead of loading another copy).
     """
     if role not in ROLES:
         raise ValueError(f"unknown model role {role!r}; allowed: {', '.join(ROLES)}")
     spec = ROLES[role]
-    section: UpdateConfig = getattr(cfg, spec.section)
-    model = load_model(checkpoint, cfg.model.dtype, cfg.model.attn_implementation, device)
+    section = _section(cfg, spec.section)
+    if model is None:
+        model = load_model(checkpoint, cfg.model.dtype, cfg.model.attn_implementation, device)
     root = spec.wrap(model).to(device)
+    if spec.load_head:
+        root.load_head(checkpoint)
     if not spec.trainable:
         root.eval().requires_grad_(False)
-    elif section.vision.freeze:
+    elif section is not None and section.vision.freeze:
         root.core.visual.requires_grad_(False)
-    vision, llm = (section.vision, section.llm) if distributed else (VisionPartConfig(), PartConfig())
+    layouts = distributed and section is not None
+    vision, llm = (section.vision, section.llm) if layouts else (VisionPartConfig(), PartConfig())
     return shard_parts(root, vision, llm, world_size, device)
+
+
+def _section(cfg: Config, path: str) -> UpdateConfig | None:
+    """The config section at a dotted ``path`` (it has ``vision`` and ``llm``), or None for ``""``."""
+    if not path:
+        return None
+    section: object = cfg
+    for key in path.split("."):
+        section = getattr(section, key)
+    return section  # type: ignore[return-value]

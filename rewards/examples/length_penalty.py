@@ -1,8 +1,9 @@
 """Example reward plugin: a correct answer, minus a small penalty for long responses.
 
 Use it from a config as ``reward: rewards/examples/length_penalty.py:score``.
-It shows the dict return form: ``"score"`` is the reward used for training;
-the other keys are logged as components (``reward/correct/mean``, ...).
+It shows the dict return form: ``"score"`` is the reward used for training; the other keys are
+logged as parts of the component (``reward/length_penalty.score/correct``, ...; the component is
+named ``<file stem>.<function>`` because ``score`` alone would read as the total).
 """
 
 from __future__ import annotations

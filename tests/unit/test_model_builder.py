@@ -32,5 +32,5 @@ def test_roles_wrap_freeze_and_lay_out(tiny_model_dir):
     assert isinstance(critic.root, ValueModel) and not hasattr(critic.root.core, "lm_head")
     assert not critic.root.value_head.weight.detach().any()
     assert all(p.requires_grad for p in critic.root.core.visual.parameters())  # critic.vision is not frozen
-    with pytest.raises(ValueError, match="unknown model role 'judge'; allowed: actor, reference, critic"):
-        build_model(cfg, "judge", str(tiny_model_dir), device=CPU)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown model role 'lora'; allowed: actor, reference, critic, reward_model"):
+        build_model(cfg, "lora", str(tiny_model_dir), device=CPU)  # type: ignore[arg-type]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import sys
@@ -19,6 +20,7 @@ from rewards import (
     RewardResult,
     answer_match,
     available,
+    batched,
     call_reward_fn,
     extract_answer,
     format_reward,
@@ -155,6 +157,23 @@ def test_reward_input_rejects_wrong_field_type() -> None:
         RewardInput(response="x", ground_truth=3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="images"):
         RewardInput(response="x", ground_truth="y", images=None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="prompt"):
+        RewardInput(response="x", ground_truth="y", prompt=None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="response_tokens"):
+        RewardInput(response="x", ground_truth="y", response_tokens=1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="max_response_tokens"):
+        RewardInput(response="x", ground_truth="y", max_response_tokens=True)
+    with pytest.raises(ValueError, match="response_tokens"):
+        RewardInput(response="x", ground_truth="y", response_tokens=-1)
+    with pytest.raises(TypeError, match="model_image_sizes"):
+        RewardInput(response="x", ground_truth="y", model_image_sizes=(1, 2))  # type: ignore[arg-type]
+
+
+def test_reward_input_newer_fields_are_keyword_only_with_defaults() -> None:
+    plain = RewardInput("x", "y", "src", [], [], {})
+    assert (plain.prompt, plain.model_image_sizes, plain.response_tokens, plain.max_response_tokens) == ("", [], 0, 0)
+    with pytest.raises(TypeError):
+        RewardInput("x", "y", "src", [], [], {}, "prompt")  # type: ignore[misc]
 
 
 def test_call_reward_fn_passes_only_accepted_keywords() -> None:
@@ -178,7 +197,7 @@ def test_call_reward_fn_passes_all_keywords_to_var_kwargs() -> None:
 
     call_reward_fn(fn, inp("resp", "truth", data_source="src"))
     expected = {"response": "resp", "ground_truth": "truth", "data_source": "src", "images": [], "videos": [],
-                "extra": {}}
+                "extra": {}, "prompt": "", "model_image_sizes": [], "response_tokens": 0, "max_response_tokens": 0}
     assert seen == expected
 
 
@@ -193,8 +212,40 @@ def test_call_reward_fn_rejects_unsuppliable_parameter() -> None:
     def needs_tokens(response: str, tokens: list) -> float:
         return 0.0
 
-    with pytest.raises(TypeError, match="tokens"):
-        call_reward_fn(needs_tokens, inp("x"))
+    with pytest.raises(TypeError, match="tokens") as info:
+        call_reward_fn(needs_tokens, inp("x", extra={"level": 1}))
+    assert "['level']" in str(info.value)  # the row's columns are listed
+
+
+def test_call_reward_fn_fills_row_columns() -> None:
+    def fn(response: str, tokens: list, level: int = 7) -> float:
+        return float(len(tokens) + level)
+
+    assert call_reward_fn(fn, inp("x", extra={"tokens": [1, 2]})) == {"score": 9.0}
+    assert call_reward_fn(fn, inp("x", extra={"tokens": [1], "level": 1})) == {"score": 2.0}
+
+
+def test_call_reward_fn_rejects_required_positional_only_parameter() -> None:
+    def fn(response: str, /) -> float:
+        return 1.0
+
+    with pytest.raises(TypeError, match="positional-only"):
+        call_reward_fn(fn, inp("x"))
+
+
+def test_call_reward_fn_calls_batched_and_async_functions() -> None:
+    @batched
+    def lengths(response: list[str], ground_truth: list[str]) -> list[float]:
+        assert isinstance(response, list) and isinstance(ground_truth, list)
+        return [float(len(r)) for r in response]
+
+    async def later(response: str) -> dict[str, float]:
+        return {"score": 0.5, "n": float(len(response))}
+
+    assert call_reward_fn(lengths, inp("abc")) == {"score": 3.0}
+    assert call_reward_fn(later, inp("ab")) == {"score": 0.5, "n": 2.0}
+    with pytest.raises(TypeError, match="returned 2 results for 1 sample"):
+        call_reward_fn(batched(lambda response: [1.0, 2.0]), inp("x"))
 
 
 @pytest.mark.parametrize(
@@ -305,6 +356,33 @@ def test_bad_spec_types() -> None:
         resolve(3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="weighted"):
         resolve({"sum": {"format": 1.0}})
+    with pytest.raises(ValueError, match="by_data_source"):
+        resolve({"by_data_source": {"a": "format"}})  # no default
+
+
+def test_by_data_source_spec(tmp_path: Path) -> None:
+    plugin = tmp_path / "always.py"
+    plugin.write_text("def half(response):\n    return 0.5\n")
+    fn = resolve({"by_data_source": {"count": f"{plugin}:half"}, "default": "answer_match"})
+    assert call_reward_fn(fn, inp("<answer>red</answer>", data_source="count")) == {"score": 0.5}
+    assert call_reward_fn(fn, inp("<answer>red</answer>", data_source="colour")) == {"score": 1.0}
+
+
+def test_check_spec_runs_no_plugin_code(tmp_path: Path) -> None:
+    plugin = tmp_path / "explodes.py"
+    plugin.write_text("raise SystemExit('imported!')\n")
+    registry.check_spec({"weighted": {f"{plugin}:score": 1.0, "format": 0.5}})  # the file exists: fine
+    with pytest.raises(ValueError, match="unknown reward 'nope'"):
+        registry.check_spec({"by_data_source": {"a": "format"}, "default": "nope"})
+    with pytest.raises(TypeError, match="weight"):
+        registry.check_spec({"weighted": {"format": float("nan")}})
+
+
+def test_absolute_spec_makes_file_paths_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    spec = {"by_data_source": {"a": "rel.py:score"}, "default": "format"}
+    assert registry.absolute_spec(spec) == {"by_data_source": {"a": f"{tmp_path}/rel.py:score"}, "default": "format"}
+    assert registry.absolute_spec({"weighted": {"rel.py:f": 2.0}}) == {"weighted": {f"{tmp_path}/rel.py:f": 2.0}}
 
 
 def test_example_plugin_loads_by_path() -> None:
@@ -316,6 +394,15 @@ def test_example_plugin_loads_by_path() -> None:
     assert result == pytest.approx({"score": 0.9, "correct": 1.0, "length_penalty": 0.1})
     capped = call_reward_fn(fn, inp("<answer>blue</answer>" + "x" * 5000))
     assert capped == pytest.approx({"score": -0.5, "correct": 0.0, "length_penalty": 0.5})
+
+
+def test_batched_example_plugin_with_a_row_column() -> None:
+    manager = RewardManager(f"{EXAMPLE_PLUGIN.parent / 'relative_length.py'}:score", isolation="inline")
+    tokens, extras = [10, 10, 20, 40, 40], [{}, {}, {}, {}, {"max_penalty": 0.5}]
+    batch = [inp("<answer>red</answer>", response_tokens=t, extra=e) for t, e in zip(tokens, extras)]
+    result = manager.score(batch)  # median 20 tokens: 20 past it is 100% longer, capped at max_penalty
+    assert result.scores == pytest.approx([1.0, 1.0, 1.0, 0.8, 0.5])
+    assert result.components["relative_length.score"].parts["length_penalty"] == pytest.approx([0, 0, 0, 0.2, 0.5])
 
 
 def test_entry_point_plugin_is_loaded_lazily(
@@ -381,7 +468,7 @@ def test_weighted_errors() -> None:
         weighted({})
 
 
-# --- RewardManager -----------------------------------------------------------------------------
+# --- RewardManager (inline: in this process; the worker processes are tested in test_reward_plugins.py) ---
 
 
 def test_manager_scores_in_order_with_components() -> None:
@@ -389,10 +476,12 @@ def test_manager_scores_in_order_with_components() -> None:
         time.sleep(0.01 * (5 - int(response)))  # finish out of order
         return {"score": float(response), "twice": 2.0 * float(response)}
 
-    result = RewardManager(fn, timeout_s=2.0, max_workers=4).score([inp(str(i)) for i in range(5)])
+    manager = RewardManager(fn, timeout_s=2.0, num_workers=4, isolation="inline")
+    result = manager.score([inp(str(i)) for i in range(5)])
     assert result.scores == [0.0, 1.0, 2.0, 3.0, 4.0]
-    assert result.components == {"twice": [0.0, 2.0, 4.0, 6.0, 8.0]}
-    assert (result.num_errors, result.num_nan, result.num_timeouts, result.errors) == (0, 0, 0, [])
+    assert list(result.components) == ["fn"]
+    assert result.components["fn"].parts == {"twice": [0.0, 2.0, 4.0, 6.0, 8.0]}
+    assert (result.failed, result.num_failures, result.errors) == ([False] * 5, 0, [])
 
 
 def test_manager_isolates_errors_nan_and_timeouts(caplog: pytest.LogCaptureFixture) -> None:
@@ -412,27 +501,38 @@ def test_manager_isolates_errors_nan_and_timeouts(caplog: pytest.LogCaptureFixtu
     responses = ["<answer>red</answer>", "raise", "nan", "hang", "<answer>blue</answer>", "inf", "red"]
     start = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="rewards.manager"):
-        result = RewardManager(flaky, timeout_s=0.2, max_workers=3).score([inp(r) for r in responses])
+        manager = RewardManager(flaky, timeout_s=0.2, num_workers=3, isolation="inline")
+        result = manager.score([inp(r) for r in responses])
     elapsed = time.monotonic() - start
     release.set()
 
     assert result.scores == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
-    assert result.components == {"bonus": [0.5, 0.0, 0.0, 0.0, 0.5, 0.0, 0.5]}
-    assert (result.num_errors, result.num_nan, result.num_timeouts) == (1, 2, 1)
+    assert result.failed == [False, True, True, True, False, True, False]
+    component = result.components["flaky"]
+    assert component.parts == {"bonus": [0.5, None, None, None, 0.5, None, 0.5]}
+    assert (component.failures["error"], component.failures["non_finite"], component.failures["timeout"]) == (1, 2, 1)
     assert elapsed < 1.5
-    assert any(e.startswith("sample 1: RuntimeError: boom in user code") for e in result.errors)
-    assert any(e.startswith("sample 3: TimeoutError") for e in result.errors)
-    assert any(e.startswith("sample 2:") for e in result.errors)
-    assert "boom in user code" in caplog.text
+    label = "flaky (test_rewards.test_manager_isolates_errors_nan_and_timeouts.<locals>.flaky)"
+    assert any(e.startswith(f"{label}: sample 1: error: RuntimeError: boom in user code") for e in result.errors)
+    assert any(e.startswith(f"{label}: sample 3: timeout") for e in result.errors)
+    assert any(e.startswith(f"{label}: sample 2: non_finite") for e in result.errors)
+    assert "boom in user code" in caplog.text and "flaky" in caplog.text
 
     metrics = result.metrics()
     assert metrics == pytest.approx(
         {
             "reward/score/mean": 2.0 / 7,
-            "reward/bonus/mean": 1.5 / 7,
-            "reward/num_errors": 1.0,
-            "reward/num_nan": 2.0,
-            "reward/num_timeouts": 1.0,
+            "reward/failed_samples": 4.0,
+            "reward/flaky/score": 2.0 / 7,
+            "reward/flaky/bonus": 0.5,  # the mean over the samples that returned it
+            "reward/flaky/failures": 4.0,
+            "reward/flaky/failures/timeout": 1.0,
+            "reward/flaky/failures/error": 1.0,
+            "reward/flaky/failures/crashed": 0.0,
+            "reward/flaky/failures/memory": 0.0,
+            "reward/flaky/failures/bad_type": 0.0,
+            "reward/flaky/failures/non_finite": 2.0,
+            "reward/flaky/failures/out_of_range": 0.0,
         }
     )
 
@@ -446,15 +546,16 @@ def test_hung_call_does_not_starve_later_samples() -> None:
         time.sleep(0.05)
         return 1.0
 
-    # One worker: the samples after the hung one must still run once it is abandoned,
+    # One thread: the samples after the hung one must still run once it is abandoned,
     # each with its own full timeout counted from its start.
-    result = RewardManager(fn, timeout_s=0.2, max_workers=1).score([inp("hang"), inp("a"), inp("b")])
+    manager = RewardManager(fn, timeout_s=0.2, num_workers=1, isolation="inline")
+    result = manager.score([inp("hang"), inp("a"), inp("b")])
     release.set()
     assert result.scores == [0.0, 1.0, 1.0]
-    assert result.num_timeouts == 1
+    assert result.components["fn"].failures["timeout"] == 1
 
 
-def test_manager_respects_max_workers() -> None:
+def test_manager_respects_num_workers() -> None:
     lock = threading.Lock()
     active = [0]
     peak = [0]
@@ -468,7 +569,7 @@ def test_manager_respects_max_workers() -> None:
             active[0] -= 1
         return 1.0
 
-    result = RewardManager(fn, timeout_s=2.0, max_workers=2).score([inp(str(i)) for i in range(8)])
+    result = RewardManager(fn, timeout_s=2.0, num_workers=2, isolation="inline").score([inp(str(i)) for i in range(8)])
     assert result.scores == [1.0] * 8
     assert peak[0] == 2
 
@@ -478,45 +579,114 @@ def test_manager_caps_error_messages(caplog: pytest.LogCaptureFixture) -> None:
         raise ValueError(f"bad {response}")
 
     with caplog.at_level(logging.WARNING, logger="rewards.manager"):
-        result = RewardManager(always_fails, timeout_s=1.0).score([inp(str(i)) for i in range(20)])
-    assert result.num_errors == 20
+        result = RewardManager(always_fails, timeout_s=1.0, isolation="inline").score([inp(str(i)) for i in range(20)])
+    assert result.components["always_fails"].failures["error"] == 20
     assert result.scores == [0.0] * 20
     assert len(result.errors) == rewards.manager.MAX_ERROR_MESSAGES
     assert len(caplog.records) == rewards.manager.MAX_ERROR_MESSAGES + 1  # plus one summary line
     assert "15 more" in caplog.records[-1].getMessage()
 
 
-def test_manager_counts_bad_return_type_as_error() -> None:
-    result = RewardManager(lambda response: "1.0", timeout_s=1.0).score([inp("x")])
-    assert result.num_errors == 1 and result.scores == [0.0]
-    assert "TypeError" in result.errors[0]
+def test_manager_counts_bad_return_type() -> None:
+    result = RewardManager(lambda response: "1.0", timeout_s=1.0, isolation="inline").score([inp("x")])
+    assert result.components["lambda"].failures["bad_type"] == 1 and result.scores == [0.0]
+    assert "returned a str" in result.errors[0]
+
+
+def test_manager_fails_scores_past_max_abs_score() -> None:
+    manager = RewardManager(lambda response: float(response), max_abs_score=10, isolation="inline")
+    result = manager.score([inp("10"), inp("-10.5"), inp("3")])
+    assert result.scores == [10.0, 0.0, 3.0]
+    assert result.components["lambda"].failures["out_of_range"] == 1
+    assert "beyond max_abs_score=10" in result.errors[0]
+
+
+def test_manager_isolates_weighted_components_separately() -> None:
+    def broken(response: str) -> float:
+        raise RuntimeError("broken")
+
+    manager = RewardManager({"format": 0.5, broken: 2.0}, isolation="inline")
+    result = manager.score([inp("<answer>red</answer>"), inp("red")])
+    assert result.scores == [0.5, 0.0]  # broken contributes 0, format its weighted part
+    assert result.components["format"].scores == [1.0, 0.0] and result.components["format"].weight == 0.5
+    assert result.components["broken"].failures["error"] == 2
+
+
+def test_inline_manager_runs_batched_and_async_functions() -> None:
+    @batched
+    def lengths(response: list[str]) -> list[float]:
+        return [float(len(r)) for r in response]
+
+    async def slow(response: str) -> float:
+        await asyncio.sleep(5.0 if response == "slow" else 0.1)
+        return 1.0
+
+    manager = RewardManager({lengths: 1.0, slow: 1.0}, timeout_s=0.5, isolation="inline")
+    start = time.monotonic()
+    result = manager.score([inp("ab"), inp("slow"), inp("abc"), inp("a")])
+    assert time.monotonic() - start < 1.5  # concurrent, and the slow one cancelled at its timeout
+    assert result.components["lengths"].scores == [2.0, 4.0, 3.0, 1.0]
+    assert result.components["slow"].scores == [1.0, 0.0, 1.0, 1.0]
+    assert result.components["slow"].failures["timeout"] == 1
+    assert result.scores == [3.0, 4.0, 4.0, 2.0]
 
 
 def test_manager_resolves_specs_and_checks_arguments() -> None:
-    manager = RewardManager({"weighted": {"answer_match": 0.9, "format": 0.1}})
+    manager = RewardManager({"weighted": {"answer_match": 0.9, "format": 0.1}}, isolation="inline")
     result = manager.score([inp("<answer>red</answer>"), inp("red")])
     assert result.scores == pytest.approx([1.0, 0.9])
-    with pytest.raises(TypeError, match="tokens"):
-        RewardManager(lambda response, tokens: 0.0)
+    assert list(result.components) == ["answer_match", "format"]  # run as separate components
+    # A parameter that is not a field is a data-row column: a sample without it fails, naming it.
+    needs_tokens = RewardManager(lambda response, tokens: float(len(tokens)), isolation="inline")
+    result = needs_tokens.score([inp("x", extra={"other": 1}), inp("x", extra={"tokens": [1, 2]})])
+    assert result.scores == [0.0, 2.0]
+    assert "'tokens'" in result.errors[0] and "['other']" in result.errors[0]
     with pytest.raises(ValueError, match="timeout_s"):
         RewardManager("format", timeout_s=0)
-    with pytest.raises(ValueError, match="max_workers"):
-        RewardManager("format", max_workers=0)
+    with pytest.raises(ValueError, match="num_workers"):
+        RewardManager("format", num_workers=0)
+    with pytest.raises(ValueError, match="max_abs_score"):
+        RewardManager("format", max_abs_score=-1)
+    with pytest.raises(ValueError, match="isolation"):
+        RewardManager("format", isolation="threads")
+    with pytest.raises(ValueError, match="no_such_reward"):
+        RewardManager({"format": 1.0, "no_such_reward": 1.0})
+    with pytest.raises(TypeError, match="weight"):
+        RewardManager({"format": "high"})
     with pytest.raises(TypeError, match=r"inputs\[1\]"):
         manager.score([inp("x"), {"response": "x"}])  # type: ignore[list-item]
 
 
+def test_component_names_are_short_and_unique(tmp_path: Path) -> None:
+    manager = RewardManager({f"{EXAMPLE_PLUGIN}:score": 1.0, "format": 1.0})
+    assert [c.name for c in manager.components] == ["length_penalty.score", "format"]  # "score" reads as the total
+    assert manager.components[0].label == f"{EXAMPLE_PLUGIN}:score"
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "m.py").write_text("def f(response):\n    return 1.0\n")
+    specs = {f"{tmp_path}/a/m.py:f": 1.0, f"{tmp_path}/b/m.py:f": 1.0, "weird name!": 0.0}
+    with pytest.raises(ValueError, match="weird name"):
+        RewardManager(specs)
+    del specs["weird name!"]
+    specs[f"{tmp_path}/a/../a/m.py:f"] = 1.0
+    assert [c.name for c in RewardManager(specs).components] == ["f", "m.f", "m.f_2"]
+    assert [c.name for c in RewardManager({"by_data_source": {}, "default": "format"}).components] == ["by_data_source"]
+
+
 def test_empty_batch() -> None:
-    result = RewardManager("format").score([])
-    assert result == RewardResult(scores=[])
+    manager = RewardManager("format")
+    result = manager.score([])
+    assert (result.scores, result.failed, result.errors) == ([], [], [])
     assert result.metrics(prefix="r")["r/score/mean"] == 0.0
+    assert result.metrics(prefix="r")["r/format/failures"] == 0.0
+    assert manager._pool is None  # no worker process was started for nothing
 
 
 def test_a_finite_reward_beyond_float32_scores_zero_like_a_nan():
     """1e39 is a finite Python float but inf in float32, where training would meet it."""
     import torch
 
-    manager = RewardManager(lambda response: float(response), timeout_s=5)
+    manager = RewardManager(lambda response: float(response), timeout_s=5, max_abs_score=1e39, isolation="inline")
     result = manager.score([RewardInput(response=r, ground_truth="") for r in ("1e39", "-1e39", "3e38", "2")])
-    assert result.scores == [0.0, 0.0, 3e38, 2.0] and result.num_nan == 2
+    assert result.scores == [0.0, 0.0, 3e38, 2.0] and result.components["lambda"].failures["non_finite"] == 2
     assert torch.isfinite(torch.tensor(result.scores, dtype=torch.float32)).all()

@@ -1,0 +1,93 @@
+"""Preference pairs for reward-model training: (prompt, chosen response, rejected response).
+
+A pairs file is JSON lines, one pair per line: ``{"prompt_id": <id of a row of the split>, "chosen": str,
+"rejected": str}``; ``kind`` is optional. :func:`synthetic_pairs` makes them from labelled prompt rows (the
+demo tasks): the chosen response is the right answer in the trained format; the rejected one is another
+answer of the same data source (3 pairs in 4), or the right answer in a broken format.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rewards.verifiers import format_answer
+
+WRONG_ANSWER_SHARE = 0.75
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    prompt_id: str
+    chosen: str
+    rejected: str
+    kind: str = ""
+    """How the pair was made (``wrong_answer``, ``bad_format``), for per-kind accuracy; empty when unknown."""
+
+
+def broken_formats(answer: str) -> list[str]:
+    """The right answer written in ways the trained format does not allow."""
+    tag = format_answer(answer)
+    return [answer, tag[: -len("</answer>")], f"{tag}{tag}", tag.replace("answer", "ans")]
+
+
+def synthetic_pairs(rows: Sequence[dict[str, Any]], per_prompt: int, seed: int) -> list[PreferencePair]:
+    """``per_prompt`` pairs for each row (with ``id``, ``answer``, ``data_source``), reproducible from ``seed``."""
+    rng = random.Random(seed)
+    answers: dict[str, list[str]] = defaultdict(list)
+    for row in rows:
+        if str(row["answer"]) not in answers[row["data_source"]]:
+            answers[row["data_source"]].append(str(row["answer"]))
+    pairs = []
+    for row in rows:
+        answer = str(row["answer"])
+        wrong = [a for a in answers[row["data_source"]] if a != answer]
+        for _ in range(per_prompt):
+            if wrong and rng.random() < WRONG_ANSWER_SHARE:
+                rejected, kind = format_answer(rng.choice(wrong)), "wrong_answer"
+            else:
+                rejected, kind = rng.choice(broken_formats(answer)), "bad_format"
+            pairs.append(PreferencePair(str(row["id"]), format_answer(answer), rejected, kind))
+    return pairs
+
+
+def write_pairs(path: Path, pairs: Sequence[PreferencePair]) -> Path:
+    """Write ``pairs`` as JSON lines (atomically)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(json.dumps(asdict(p)) + "\n" for p in pairs))
+    tmp.replace(path)
+    return path
+
+
+def read_pairs(path: Path, known_ids: set[str]) -> list[PreferencePair]:
+    """The pairs of a JSON-lines file; a bad line raises ValueError naming it and what to fix."""
+    pairs = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where} is not JSON ({err}); write one object per line") from err
+        if not isinstance(item, dict):
+            raise ValueError(f"{where}: expected an object with prompt_id, chosen, rejected")
+        missing = [k for k in ("prompt_id", "chosen", "rejected") if not isinstance(item.get(k), str)]
+        if missing:
+            raise ValueError(f"{where}: {', '.join(missing)} missing or not a string; each pair needs "
+                             "prompt_id, chosen and rejected as strings")
+        if item["prompt_id"] not in known_ids:
+            raise ValueError(f"{where}: prompt_id {item['prompt_id']!r} is not a row id of the split; "
+                             "pairs refer to prompts by the id column of the data-prep parquet")
+        if item["chosen"] == item["rejected"]:
+            raise ValueError(f"{where}: chosen and rejected are the same text; a pair must differ")
+        pairs.append(PreferencePair(item["prompt_id"], item["chosen"], item["rejected"], str(item.get("kind", ""))))
+    if not pairs:
+        raise ValueError(f"{path} holds no pairs")
+    return pairs

@@ -1,0 +1,49 @@
+"""The reward-model worker: a trained VLM reward model (``make rm``) scoring whole responses.
+
+It is the value model's architecture (backbone + scalar head) with the head read from the checkpoint, laid
+out by ``reward.model.vision`` / ``reward.model.llm`` on its own worker group. It reads the policy's token
+ids directly, so it must share the policy's tokenizer (checked by the driver before any worker starts).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mmrl.config import Config
+from mmrl.controller import Dispatch, Worker, register
+from mmrl.models.encoding import collate
+from mmrl.models.loading import load_processor
+from mmrl.protocol import Batch
+from mmrl.workers.model_builder import build_model
+
+SCORED = ("prompt", "responses", "response_mask")
+
+
+def sequence_scores(model: torch.nn.Module, batch: Batch, pad_token_id: int, device: torch.device) -> torch.Tensor:
+    """The reward model's score of each sample of ``batch`` (prompt + right-padded response): (B,) float32."""
+    responses, mask = batch["responses"], batch["response_mask"]
+    inputs = {k: v.to(device) for k, v in collate(batch["prompt"], pad_token_id, responses, mask).items()}
+    return model(inputs, responses.shape[1], mask.sum(-1).long())
+
+
+class RewardModelWorker(Worker):
+    """One data-parallel rank of the reward model."""
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self, cfg: Config, checkpoint: str) -> int:
+        """Load the reward model at ``checkpoint`` (backbone + ``value_head.safetensors``); returns its size."""
+        self.micro_batch_size = cfg.reward.model.micro_batch_size
+        self.pad_token_id = load_processor(checkpoint).tokenizer.pad_token_id
+        self.layout = build_model(cfg, "reward_model", checkpoint, device=self.device, world_size=self.world_size)
+        return sum(p.numel() for p in self.layout.root.parameters())
+
+    @register(Dispatch.DP_COMPUTE, fields=SCORED)
+    def compute_rm_scores(self, batch: Batch) -> Batch:
+        """-> rm_scores (B,): the reward model's score of each (prompt, media, response)."""
+        batch.require(*SCORED)
+        out = []
+        with torch.no_grad():
+            for start in range(0, len(batch), self.micro_batch_size):
+                micro = batch.slice(start, start + self.micro_batch_size)
+                out.append(sequence_scores(self.layout.root, micro, self.pad_token_id, self.device).cpu())
+        return Batch(tensors={"rm_scores": torch.cat(out)})

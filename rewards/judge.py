@@ -1,0 +1,58 @@
+"""A generative judge's two ends: the question put to it, and its verdict read back as a score."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from data_prep.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
+from rewards.verifiers import extract_answer
+
+TEMPLATE_FIELDS = ("question", "response", "ground_truth")
+_MEDIA = re.compile(f"{re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)}")
+_SPECIAL_TOKEN = re.compile(r"<\|[^<>|]*\|>")
+_WORD = re.compile(r"[a-z]+")
+YES = frozenset({"yes", "correct", "true", "right"})
+NO = frozenset({"no", "incorrect", "wrong", "false"})
+
+
+def check_template(template: str) -> None:
+    """Raise ValueError unless ``template`` formats with exactly the fields of :data:`TEMPLATE_FIELDS`."""
+    try:
+        template.format(**dict.fromkeys(TEMPLATE_FIELDS, ""))
+    except (KeyError, IndexError, ValueError) as err:
+        raise ValueError(f"reward.judge.template cannot be filled ({type(err).__name__}: {err}); it may use "
+                         f"{', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)}, and literal braces are written {{{{ }}}}")
+    if "{response}" not in template:
+        raise ValueError("reward.judge.template must contain {response}: the judge has to see what it judges")
+
+
+def judge_messages(messages: Sequence[dict[str, Any]], response: str, ground_truth: str,
+                   template: str) -> list[dict[str, Any]]:
+    """The judge's chat: one user turn holding the prompt's media placeholders (in order), then the template
+    filled with the prompt's text (``question``), the policy's ``response`` and the ``ground_truth``."""
+    texts = [m["content"] for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
+    placeholders = "".join(match.group(0) for text in texts for match in _MEDIA.finditer(text))
+    question = " ".join(" ".join(_MEDIA.sub(" ", text).split()) for text in texts)
+    body = template.format(question=question, response=response, ground_truth=ground_truth)
+    return [{"role": "user", "content": placeholders + body}]
+
+
+def parse_verdict(text: str) -> float | None:
+    """1.0 for a yes, 0.0 for a no, None when the judge said neither.
+
+    The verdict is the first word of the judge's answer (inside ``<answer>`` tags when it used them):
+    yes / correct / true / right, or no / incorrect / wrong / false, in any case.
+    """
+    answer = extract_answer(_SPECIAL_TOKEN.sub(" ", text))
+    if answer is None:
+        return None
+    word = _WORD.search(answer.lower())
+    if word is None:
+        return None
+    if word.group(0) in YES:
+        return 1.0
+    if word.group(0) in NO:
+        return 0.0
+    return None

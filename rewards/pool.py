@@ -1,0 +1,475 @@
+"""A pool of worker processes that run reward functions, so that no plugin can hurt the run.
+
+Workers are given specs (strings, plain dicts), never function objects: each worker resolves a spec
+itself and keeps the function. The parent sends a chunk of samples; the worker reports, per sample,
+when its call starts and what it produced (:func:`rewards.isolation.execute`). Every deadline is
+therefore the parent's to enforce, from another process, so it holds even when a plugin never
+releases the GIL:
+
+* a call running past ``timeout_s`` (plus a short grace) gets its worker SIGKILLed; that sample
+  times out, the chunk's samples not yet started go back to the queue, and a fresh worker takes the
+  free slot;
+* a worker that dies (``os._exit``, a segfault, a SIGKILL from outside) fails the sample it was
+  running ("crashed", with its exit code) and is replaced;
+* a worker whose resident memory passes ``max_memory_mb`` is killed ("memory").
+
+A kill or death fails every sample in flight in that worker: the one running for a plain function,
+all of the chunk's for a batched one or an async one (whose samples share an event loop). A spec that
+hangs or crashes its worker while loading fails all its samples of that call.
+
+Once a worker has loaded a spec it reports which fields its function reads; from then on the
+parent leaves the bulky ones it does not read (images, videos, the row's columns) out of the chunks.
+
+Workers are fresh interpreters, never forks of the driver (it has Ray and torch threads). They are
+not started with multiprocessing's spawn either: spawn re-imports the driver's ``__main__`` in every
+child, torch and all. A worker runs one line that imports :mod:`rewards.pool`, whose imports are light.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from multiprocessing import Pipe
+from multiprocessing.connection import Connection, wait
+
+import psutil
+
+from rewards.isolation import GRACE_S, Item, Outcome, execute
+from rewards.registry import resolve
+from rewards.types import plan_call
+
+POLL_S = 0.02  # how often the parent checks deadlines while a call runs
+MEMORY_POLL_S = 0.05  # how often it reads the workers' resident memory
+START_TIMEOUT_S = 60.0  # for a fresh worker to report ready
+LOAD_TIMEOUT_S = 60.0  # at least, for a worker to load a spec (a plugin's imports are not the reward call)
+MAX_START_FAILURES = 3  # workers in a row that die or hang before ready: the environment is broken
+_BULKY_FIELDS = ("images", "videos", "extra")  # not sent to a function known not to take them
+
+Spec = str | Mapping
+Job = tuple[Spec, Sequence[Item]]  # one reward function's spec and the samples it scores
+
+_BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+         "from rewards.pool import worker_main; worker_main(int(sys.argv[2]), int(sys.argv[3]))")
+
+
+class RewardPool:
+    """``num_workers`` reward worker processes, started on first use and replaced when they fail."""
+
+    def __init__(self, num_workers: int = 2, max_memory_mb: float = 4096.0) -> None:
+        self.num_workers = num_workers
+        self.max_memory_mb = max_memory_mb
+        self.start_times: list[float] = []  # seconds from launch to ready, per worker started
+        self._workers: list[_Worker] = []
+        self._start_failures = 0
+        self._next_memory_check = 0.0
+        self._fields: dict[str, frozenset[str]] = {}  # spec key -> the RewardInput fields its function reads
+        self._lock = threading.Lock()  # one run() at a time: the workers' state is the call's
+        # Ends the workers on close(), garbage collection or interpreter exit; holds the list, not the pool.
+        self._finalizer = weakref.finalize(self, _shutdown, self._workers)
+
+    def start(self) -> float:
+        """Start every missing worker now and wait until all are ready; returns the seconds it took."""
+        began = time.monotonic()
+        self._fill()
+        while any(w.ready_at is None for w in self._workers):
+            self._step(None)
+        return time.monotonic() - began
+
+    def run(self, jobs: Sequence[Job], timeout_s: float) -> list[dict[int, Outcome]]:
+        """Every job's samples through its spec: per job, the outcome of each sample by index."""
+        call = _Call(jobs, timeout_s, self.num_workers)
+        with self._lock:
+            try:
+                while call.remaining:
+                    self._step(call)
+            except BaseException:
+                for worker in [w for w in self._workers if w.chunk is not None]:
+                    self._discard(worker)  # their work belonged to the aborted call
+                raise
+        return call.outcomes
+
+    def close(self) -> None:
+        """End the worker processes (idempotent); the pool cannot be used afterwards."""
+        self._finalizer()
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self._workers]
+
+    def _step(self, call: _Call | None) -> None:
+        self._fill()
+        if call is not None:
+            self._assign(call)
+        self._receive(call)
+        self._enforce(call)
+
+    def _fill(self) -> None:
+        if not self._finalizer.alive:
+            raise RuntimeError("this reward pool is closed; create a new RewardManager")
+        while len(self._workers) < self.num_workers:
+            self._workers.append(_Worker())
+
+    # --- sending work ---------------------------------------------------------------------------
+
+    def _assign(self, call: _Call) -> None:
+        for worker in list(self._workers):
+            while call.queue and worker in self._workers and worker.idle:
+                self._send(worker, call.queue.popleft(), call)
+
+    def _send(self, worker: _Worker, chunk: _Chunk, call: _Call) -> None:
+        load_failure = call.unloadable.get(_spec_key(chunk.spec))
+        if load_failure is not None:  # it already hung or crashed a worker while loading in this call
+            for index, _ in chunk.items:
+                call.record(chunk.job, index, load_failure)
+            return
+        items = _lighten(chunk.items, self._fields.get(_spec_key(chunk.spec)))
+        try:
+            payload = pickle.dumps(("chunk", chunk.spec, call.timeout_s, items), pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # a sample that does not pickle: find it by sending one at a time
+            if len(chunk.items) > 1:
+                call.queue.extendleft(_Chunk(chunk.job, chunk.spec, [item]) for item in reversed(chunk.items))
+            else:
+                message = f"the sample could not be sent to a reward worker ({type(exc).__name__}: {exc})"
+                call.record(chunk.job, chunk.items[0][0], Outcome(failure="error", message=message))
+            return
+        try:
+            worker.conn.send_bytes(payload)
+        except OSError:  # the worker died while idle: nothing of the chunk ran
+            call.queue.appendleft(chunk)
+            self._discard(worker)
+            return
+        worker.take(chunk, time.monotonic() + max(call.timeout_s, LOAD_TIMEOUT_S))
+
+    # --- receiving reports --------------------------------------------------------------------------
+
+    def _receive(self, call: _Call | None) -> None:
+        by_conn = {w.conn: w for w in self._workers}
+        for conn in wait(list(by_conn), timeout=POLL_S):
+            worker = by_conn[conn]
+            if self._drain(worker, call):
+                self._on_exit(worker, call)
+
+    def _drain(self, worker: _Worker, call: _Call | None) -> bool:
+        """Handle every message waiting from ``worker``; True if its end of the channel is closed."""
+        try:
+            while worker.conn.poll():
+                self._handle(worker, worker.conn.recv(), call)
+        except (EOFError, OSError):
+            return True
+        except Exception as exc:  # unpickling failed: nothing the worker sends should do that
+            self._fail(worker, call, "crashed", f"the worker sent an unreadable message ({exc!r})")
+        return False
+
+    def _handle(self, worker: _Worker, message: tuple, call: _Call | None) -> None:
+        tag, now = message[0], time.monotonic()
+        if tag == "ready":
+            worker.mark_ready(now)
+            self.start_times.append(now - worker.launched_at)
+            self._start_failures = 0
+            return
+        chunk = worker.chunk
+        if chunk is None or call is None:
+            return
+        if tag == "loaded":
+            worker.load_deadline = None
+            self._fields[_spec_key(chunk.spec)] = frozenset(message[1])
+        elif tag == "start":
+            worker.running[message[1]] = now + call.timeout_s + GRACE_S
+        elif tag == "done":
+            index, outcome = message[1], message[2]
+            worker.finish(index)
+            if not isinstance(outcome, Outcome):
+                outcome = Outcome(failure="error", message=f"the worker reported a {type(outcome).__name__}")
+            call.record(chunk.job, index, outcome)
+        elif tag in ("load_failed", "chunk_done"):
+            message_text = message[1] if tag == "load_failed" else "the worker finished without a result"
+            for index in sorted(worker.pending):
+                call.record(chunk.job, index, Outcome(failure="error", message=message_text))
+            worker.release()
+
+    # --- deadlines, memory and deaths ---------------------------------------------------------------
+
+    def _enforce(self, call: _Call | None) -> None:
+        now = time.monotonic()
+        check_memory = now >= self._next_memory_check
+        if check_memory:
+            self._next_memory_check = now + MEMORY_POLL_S
+        timeout_s = call.timeout_s if call is not None else 0.0
+        for worker in list(self._workers):
+            if worker.proc.poll() is not None:  # dead, its channel still open (a child of it holds it)
+                self._on_exit(worker, call)
+            elif worker.ready_at is None:
+                if now - worker.launched_at > START_TIMEOUT_S:
+                    self._start_failed(worker, f"did not report ready within {START_TIMEOUT_S:g} s")
+            elif worker.load_deadline is not None and now > worker.load_deadline:
+                self._fail(worker, call, "timeout",
+                           f"loading the reward function took over {LOAD_TIMEOUT_S:g} s")
+            elif worker.running and min(worker.running.values()) < now:
+                self._fail(worker, call, "timeout",
+                           f"did not return within {timeout_s:g} s; its worker process was killed")
+            elif check_memory:
+                self._check_memory(worker, call)
+
+    def _check_memory(self, worker: _Worker, call: _Call | None) -> None:
+        rss_mb = worker.rss_mb()
+        if rss_mb > self.max_memory_mb:
+            self._fail(worker, call, "memory",
+                       f"its worker's memory reached {rss_mb:.0f} MB, past "
+                       f"max_memory_mb={self.max_memory_mb:g}; the worker was killed")
+
+    def _on_exit(self, worker: _Worker, call: _Call | None) -> None:
+        if worker not in self._workers:
+            return
+        self._drain_quietly(worker, call)  # reports sent before it died, e.g. that a call started
+        code = worker.exit_code()
+        if worker.ready_at is None:
+            self._start_failed(worker, f"exited ({describe_exit(code)}) before it was ready")
+        else:
+            self._fail(worker, call, "crashed", f"its worker process died ({describe_exit(code)})")
+
+    def _drain_quietly(self, worker: _Worker, call: _Call | None) -> None:
+        try:
+            while worker.conn.poll():
+                self._handle(worker, worker.conn.recv(), call)
+        except Exception:
+            pass
+
+    def _fail(self, worker: _Worker, call: _Call | None, kind: str, message: str) -> None:
+        """Kill ``worker``; its samples in flight get ``kind``, its unstarted ones go back to the queue."""
+        self._discard(worker)
+        chunk = worker.chunk
+        if chunk is None or call is None:
+            return
+        outcome = Outcome(failure=kind, message=message)
+        loading = worker.load_deadline is not None
+        if loading:
+            call.unloadable[_spec_key(chunk.spec)] = outcome
+        # While the worker was still loading the spec (or reading the samples), they all were in flight.
+        hit = set(worker.pending) if loading else set(worker.running)
+        for index in sorted(hit):
+            call.record(chunk.job, index, outcome)
+        rest = [item for item in chunk.items if item[0] in worker.pending and item[0] not in hit]
+        if rest:
+            call.queue.appendleft(_Chunk(chunk.job, chunk.spec, rest))
+
+    def _start_failed(self, worker: _Worker, reason: str) -> None:
+        self._discard(worker)
+        self._start_failures += 1
+        if self._start_failures >= MAX_START_FAILURES:
+            raise RuntimeError(
+                f"reward worker processes fail to start: {self._start_failures} in a row, the last {reason}. "
+                f"Their error output is above; `{sys.executable} -c 'import rewards.pool'` reproduces an "
+                "import error"
+            )
+
+    def _discard(self, worker: _Worker) -> None:
+        worker.kill()
+        if worker in self._workers:
+            self._workers.remove(worker)
+
+
+def _lighten(items: list[Item], fields: frozenset[str] | None) -> list[Item]:
+    """The samples without the bulky fields (decoded images, ...) the function does not read."""
+    dropped = [name for name in _BULKY_FIELDS if fields is not None and name not in fields]
+    if not dropped:
+        return items
+    return [(index, dataclasses.replace(inp, **{name: type(getattr(inp, name))() for name in dropped}))
+            for index, inp in items]
+
+
+@dataclass
+class _Chunk:
+    job: int
+    spec: Spec
+    items: list[Item]
+
+
+class _Call:
+    """One run(): the chunks still to send and the outcomes so far."""
+
+    def __init__(self, jobs: Sequence[Job], timeout_s: float, num_workers: int) -> None:
+        self.timeout_s = timeout_s
+        self.outcomes: list[dict[int, Outcome]] = [{} for _ in jobs]
+        self.queue: deque[_Chunk] = deque()
+        self.unloadable: dict[str, Outcome] = {}  # spec key -> how loading it failed in this call
+        self.remaining = 0
+        for job, (spec, items) in enumerate(jobs):
+            size = max(1, math.ceil(len(items) / num_workers))
+            for start in range(0, len(items), size):
+                self.queue.append(_Chunk(job, spec, list(items[start:start + size])))
+            self.remaining += len(items)
+
+    def record(self, job: int, index: int, outcome: Outcome) -> None:
+        if index not in self.outcomes[job]:
+            self.outcomes[job][index] = outcome
+            self.remaining -= 1
+
+
+class _Worker:
+    """The parent's handle on one worker process and the chunk it is working on."""
+
+    def __init__(self) -> None:
+        ours, theirs = Pipe()
+        paths = json.dumps([p for p in sys.path if isinstance(p, str)])
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _BOOT, paths, str(theirs.fileno()), str(os.getpid())],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        self.conn: Connection = ours
+        self.launched_at = time.monotonic()
+        self.ready_at: float | None = None
+        self._process: psutil.Process | None = None
+        self.chunk: _Chunk | None = None
+        self.pending: set[int] = set()  # the chunk's samples without an outcome yet
+        self.running: dict[int, float] = {}  # started samples -> the deadline of their call
+        self.load_deadline: float | None = None  # set until the worker has loaded the chunk's spec
+
+    @property
+    def idle(self) -> bool:
+        return self.ready_at is not None and self.chunk is None
+
+    def mark_ready(self, now: float) -> None:
+        self.ready_at = now
+        try:
+            self._process = psutil.Process(self.proc.pid)
+        except psutil.Error:
+            self._process = None
+
+    def take(self, chunk: _Chunk, load_deadline: float) -> None:
+        self.chunk = chunk
+        self.pending = {index for index, _ in chunk.items}
+        self.running = {}
+        self.load_deadline = load_deadline
+
+    def release(self) -> None:
+        """The chunk is done: the worker is idle."""
+        self.chunk, self.pending, self.running, self.load_deadline = None, set(), {}, None
+
+    def finish(self, index: int) -> None:
+        self.pending.discard(index)
+        self.running.pop(index, None)
+
+    def rss_mb(self) -> float:
+        try:
+            return self._process.memory_info().rss / 2**20 if self._process is not None else 0.0
+        except psutil.Error:  # it just died: the channel reports that
+            return 0.0
+
+    def exit_code(self) -> int | None:
+        try:
+            return self.proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.conn.close()
+
+
+def describe_exit(code: int | None) -> str:
+    """An exit status as a reader wants it: "exit code 1", "killed by SIGSEGV"."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _shutdown(workers: list[_Worker]) -> None:
+    """Ask idle workers to exit, then kill whatever is left (a hung one cannot answer)."""
+    exit_message = pickle.dumps(("exit",))
+    for worker in workers:
+        try:
+            worker.conn.send_bytes(exit_message)
+        except OSError:
+            pass
+    deadline = time.monotonic() + 1.0
+    for worker in workers:
+        try:
+            worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        worker.kill()
+    workers.clear()
+
+
+# --- the worker process -------------------------------------------------------------------------------
+
+
+def worker_main(fd: int, parent_pid: int) -> None:
+    """A worker's loop: read a chunk, load its spec (cached), run it, report; until told to exit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle; it ends the workers
+    conn = Connection(fd)
+    threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="mmrl-watch", daemon=True).start()
+    conn.send(("ready", os.getpid()))
+    functions: dict[str, object] = {}  # spec as JSON -> its function, or why it could not be loaded
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except EOFError:
+            return
+        try:
+            message = pickle.loads(data)
+        except Exception as exc:
+            conn.send(("load_failed", f"the worker could not read the samples ({type(exc).__name__}: {exc})"))
+            continue
+        if message[0] == "exit":
+            return
+        _, spec, timeout_s, items = message
+        fn = _load(functions, spec)
+        if isinstance(fn, str):
+            conn.send(("load_failed", fn))
+            continue
+        conn.send(("loaded", _fields_read(fn)))
+        execute(fn, items, timeout_s, conn.send)  # type: ignore[arg-type]
+        conn.send(("chunk_done",))
+
+
+def _spec_key(spec: Spec) -> str:
+    return json.dumps(spec, sort_keys=True)
+
+
+def _load(functions: dict[str, object], spec: Spec) -> object:
+    key = _spec_key(spec)
+    if key not in functions:
+        try:
+            functions[key] = resolve(spec)
+        except BaseException as exc:  # a plugin's import may raise anything, SystemExit included
+            functions[key] = f"could not load reward {key}: {type(exc).__name__}: {exc}"
+    return functions[key]
+
+
+def _fields_read(fn: object) -> tuple[str, ...]:
+    """The RewardInput fields a call of ``fn`` reads: those it takes, and ``extra`` for its row columns."""
+    try:
+        plan = plan_call(fn)  # type: ignore[arg-type]
+    except TypeError:
+        return _BULKY_FIELDS  # it will fail on its own; send everything
+    return plan.fields + (("extra",) if plan.columns else ())
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """End this worker once the driver is gone (a SIGKILLed driver cannot close its pool)."""
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent_pid:
+            os._exit(0)

@@ -1,0 +1,284 @@
+"""Reward plugins that cannot hurt the run: real RewardManagers with real worker processes.
+
+Each misbehaving plugin (raises, hangs, holds the GIL, exits, segfaults, eats memory, returns
+garbage) must cost only its own sample's component: the other samples and components score as
+usual, the failure is counted by kind and logged, and the pool keeps working. Managers are shared
+per module to keep the number of worker processes (and the file's run time) small.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from PIL import Image
+
+from rewards import RewardInput, RewardManager, register
+from rewards import registry
+from rewards.isolation import FAILURE_KINDS
+
+PLUGINS = Path(__file__).resolve().parents[1] / "fixtures" / "reward_plugins"
+FAULTY = PLUGINS / "faulty.py"
+KINDS = PLUGINS / "kinds.py"
+
+TIMEOUT_S = 1.0
+HANG_MARGIN_S = 3.0  # a bound on what a hang may cost beyond timeout_s, not a speed target
+
+
+def sample(response: str, ground_truth: str = "red", **kwargs: object) -> RewardInput:
+    return RewardInput(response=response, ground_truth=ground_truth, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def faulty() -> Iterator[RewardManager]:
+    """exact + misbehave, isolated separately, on 2 workers with a 1 s timeout and 300 MB of memory."""
+    manager = RewardManager({f"{FAULTY}:exact": 1.0, f"{FAULTY}:misbehave": 1.0}, timeout_s=TIMEOUT_S,
+                            num_workers=2, max_memory_mb=300, max_abs_score=1e4)
+    seconds = manager.start()
+    print(f"\npool of 2 reward workers started in {seconds:.2f} s")
+    yield manager
+    manager.close()
+
+
+@pytest.fixture
+def warnings(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.WARNING, logger="rewards.manager")
+    return caplog
+
+
+# Response -> the failure kind it provokes, and a fragment of its message.
+FAILURES = {
+    "raise": ("error", "RuntimeError: boom in plugin (at faulty.py"),
+    "hang": ("timeout", "did not return within 1 s"),
+    "regex": ("timeout", "did not return within 1 s"),
+    "exit": ("crashed", "exit code 1"),
+    "segfault": ("crashed", "killed by SIGSEGV"),
+    "sigkill": ("crashed", "killed by SIGKILL"),
+    "memory": ("memory", "past max_memory_mb=300"),
+    "nan": ("non_finite", "nan"),
+    "inf_part": ("non_finite", "inf"),
+    "1e39": ("non_finite", "beyond float32's range"),
+    "string": ("bad_type", "returned a str"),
+    "none": ("bad_type", "returned a NoneType"),
+    "list": ("bad_type", "returned a list"),
+    "no_score": ("bad_type", "without 'score'"),
+    "text_part": ("bad_type", "non-numeric values for keys ['note']"),
+    "object": ("bad_type", "returned a object"),
+    "too_big": ("out_of_range", "beyond max_abs_score=10000"),
+}
+
+
+@pytest.mark.parametrize("action", list(FAILURES))
+def test_a_failing_plugin_costs_only_its_own_sample(faulty: RewardManager, warnings, action: str) -> None:
+    kind, fragment = FAILURES[action]
+    # Sample 2 provokes the failure; its ground truth matches, so `exact` still scores it 1.
+    batch = [sample("red"), sample("blue"), sample(action, action), sample("red")]
+    start = time.monotonic()
+    result = faulty.score(batch)
+    elapsed = time.monotonic() - start
+    print(f"\n{action}: call returned in {elapsed:.2f} s")
+
+    misbehave, exact = result.components["misbehave"], result.components["exact"]
+    assert misbehave.scores == [1.0, 0.0, 0.0, 1.0]
+    assert misbehave.failed == [False, False, True, False]
+    assert misbehave.failures == {k: int(k == kind) for k in FAILURE_KINDS}
+    assert exact.scores == [1.0, 0.0, 1.0, 1.0] and not any(exact.failed)  # isolated separately
+    assert result.scores == [2.0, 0.0, 1.0, 2.0]
+    assert result.failed == [False, False, True, False]
+
+    metrics = result.metrics()
+    assert metrics["reward/misbehave/failures"] == 1.0
+    assert metrics[f"reward/misbehave/failures/{kind}"] == 1.0
+    assert metrics["reward/exact/failures"] == 0.0
+    assert metrics["reward/failed_samples"] == 1.0
+    assert metrics["reward/score/mean"] == pytest.approx(5.0 / 4)
+    assert metrics["reward/exact/chars"] == pytest.approx((3 + 4 + len(action) + 3) / 4)
+
+    assert len(result.errors) == 1 and result.errors[0].startswith(f"misbehave ({FAULTY}:misbehave): sample 2: {kind}")
+    assert fragment in result.errors[0]
+    [record] = [r for r in warnings.records if "misbehave" in r.getMessage()]
+    assert "sample 2" in record.getMessage() and fragment in record.getMessage()
+    if kind in ("timeout", "crashed", "memory"):
+        assert elapsed < TIMEOUT_S + HANG_MARGIN_S
+
+    # The pool keeps working: the next call scores normally.
+    assert faulty.score([sample("red"), sample("red", "blue")]).scores == [2.0, 0.0]
+
+
+def test_several_failures_in_one_call_each_cost_one_sample(faulty: RewardManager) -> None:
+    actions = ["hang", "exit", "raise", "nan"]
+    batch = [sample(a, a) for a in actions] + [sample("red")] * 4
+    start = time.monotonic()
+    result = faulty.score(batch)
+    print(f"\nhang + exit + raise + nan in one call: {time.monotonic() - start:.2f} s")
+    assert result.components["misbehave"].scores == [0.0] * 4 + [1.0] * 4
+    assert result.components["exact"].scores == [1.0] * 8
+    assert result.failed == [True] * 4 + [False] * 4
+    counts = result.components["misbehave"].failures
+    assert (counts["timeout"], counts["crashed"], counts["error"], counts["non_finite"]) == (1, 1, 1, 1)
+
+
+def test_a_worker_killed_from_outside_while_idle_is_replaced(faulty: RewardManager) -> None:
+    pool = faulty._workers()
+    faulty.start()
+    victim = pool.pids[0]
+    os.kill(victim, signal.SIGKILL)
+    psutil.Process(victim).wait(timeout=5) if psutil.pid_exists(victim) else None
+    result = faulty.score([sample("red")] * 6)
+    assert result.scores == [2.0] * 6 and not any(result.failed)
+    assert victim not in pool.pids
+
+
+def test_a_sample_that_cannot_be_sent_fails_alone(faulty: RewardManager) -> None:
+    batch = [sample("red"), sample("red", model_image_sizes=[lambda: 0]), sample("red")]
+    result = faulty.score(batch)
+    assert result.scores == [2.0, 0.0, 2.0]
+    assert result.components["misbehave"].failures["error"] == 1
+    assert "could not be sent to a reward worker" in result.errors[0]
+    # Bulky fields a function does not read (images, videos, extra) are not sent to it at all.
+    assert faulty.score([sample("red", extra={"callback": lambda: 0})]).scores == [2.0]
+
+
+def test_worker_start_is_light_and_timed() -> None:
+    with RewardManager(f"{KINDS}:heavy_imports", num_workers=1) as manager:
+        seconds = manager.start()
+        print(f"\none reward worker started in {seconds:.2f} s")
+        assert seconds < 30
+        parts = manager.score([sample("x")]).components["heavy_imports"].parts
+    assert parts == {"torch": [0.0], "transformers": [0.0], "ray": [0.0]}
+
+
+# --- kinds of function ------------------------------------------------------------------------------
+
+
+def test_batched_function_gets_lists_and_a_wrong_length_fails_the_whole_call(warnings) -> None:
+    specs = {f"{KINDS}:batch_match": 1.0, f"{KINDS}:batch_short": 1.0}
+    with RewardManager(specs, num_workers=1, timeout_s=5) as manager:
+        result = manager.score([sample("red"), sample("blue"), sample("red")])
+    match, short = result.components["batch_match"], result.components["batch_short"]
+    assert match.scores == [1.0, 0.0, 1.0] and match.parts == {"batch": [3.0, 3.0, 3.0]}
+    assert short.scores == [0.0] * 3 and short.failures["bad_type"] == 3
+    assert "returned 2 results for 3 samples" in result.errors[0]
+    assert result.scores == [1.0, 0.0, 1.0] and result.failed == [True] * 3
+
+
+def test_async_function_runs_samples_concurrently() -> None:
+    with RewardManager(f"{KINDS}:slow_match", num_workers=1, timeout_s=2.0) as manager:
+        manager.start()
+        batch = [sample("red"), sample("blue")] * 4  # 8 samples of 0.5 s each: 4 s one after another
+        start = time.monotonic()
+        result = manager.score(batch)
+        elapsed = time.monotonic() - start
+        print(f"\n8 async samples of 0.5 s: {elapsed:.2f} s")
+        assert result.scores == [1.0, 0.0] * 4
+        assert elapsed < 2.0
+
+        # A sample past the timeout is cancelled in the worker, which survives.
+        pids = manager._workers().pids
+        result = manager.score([sample("slow"), sample("red")])
+        assert result.scores == [0.0, 1.0]
+        assert result.components["slow_match"].failures["timeout"] == 1
+        assert manager._workers().pids == pids
+
+
+def test_row_columns_are_keywords(warnings) -> None:
+    with RewardManager(f"{KINDS}:by_difficulty", num_workers=1, timeout_s=5) as manager:
+        result = manager.score([
+            sample("red", extra={"difficulty": 2.0}),
+            sample("red", extra={"difficulty": 0.5, "bonus": 1.0}),
+            sample("red", extra={"level": 3}),
+        ])
+    assert result.scores == [2.0, 1.5, 0.0]
+    assert result.components["by_difficulty"].failures["error"] == 1
+    message = result.errors[0]
+    assert "TypeError" in message and "'difficulty'" in message and "['level']" in message
+    assert "sample 2" in warnings.text
+
+
+def test_newer_input_fields_reach_the_function() -> None:
+    image = Image.new("RGB", (40, 30))
+    inp = sample("red", prompt="What colour?", images=[image], model_image_sizes=[(56, 28)], response_tokens=12,
+                 max_response_tokens=48)
+    with RewardManager(f"{KINDS}:input_fields", num_workers=1, timeout_s=5) as manager:
+        result = manager.score([inp])
+    component = result.components["input_fields"]
+    assert component.scores == [0.25]
+    assert component.parts == {"prompt_chars": [12.0], "first_width": [56.0], "image_width": [40.0]}
+
+
+def test_by_data_source_spec_is_resolved_by_the_workers() -> None:
+    spec = {"by_data_source": {"count": f"{KINDS}:numeric_match"}, "default": "answer_match"}
+    with RewardManager(spec, num_workers=1, timeout_s=5) as manager:
+        result = manager.score([
+            sample("3.0", "3", data_source="count"),
+            sample("<answer>red</answer>", data_source="colour"),
+            sample("3.0", "3", data_source="colour"),
+        ])
+    assert result.scores == [1.0, 1.0, 0.0]
+    assert list(result.components) == ["by_data_source"]
+
+
+def test_a_plugin_that_fails_to_load_fails_its_samples(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise ImportError('missing dependency xyz')\ndef score(response):\n    return 1.0\n")
+    with RewardManager({f"{broken}:score": 1.0, "format": 1.0}, num_workers=1, timeout_s=5) as manager:
+        result = manager.score([sample("<answer>red</answer>"), sample("red")])
+    assert result.scores == [1.0, 0.0]
+    assert result.components["broken.score"].failures["error"] == 2
+    assert "missing dependency xyz" in result.errors[0]
+
+
+def test_a_plugin_whose_import_hangs_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rewards import pool
+
+    monkeypatch.setattr(pool, "LOAD_TIMEOUT_S", TIMEOUT_S)  # the parent enforces it: patching here suffices
+    stuck = tmp_path / "stuck.py"
+    stuck.write_text("import time\ntime.sleep(10**6)\ndef never(response):\n    return 1.0\n")
+    with RewardManager({f"{stuck}:never": 1.0, "format": 1.0}, num_workers=2, timeout_s=TIMEOUT_S) as manager:
+        manager.start()
+        start = time.monotonic()
+        result = manager.score([sample("<answer>red</answer>"), sample("red")] * 2)
+        elapsed = time.monotonic() - start
+    print(f"\nhanging import: call returned in {elapsed:.2f} s")
+    assert result.scores == [1.0, 0.0] * 2
+    assert result.components["never"].failures["timeout"] == 4
+    assert "loading the reward function took over 1 s" in result.errors[0]
+    assert elapsed < TIMEOUT_S + HANG_MARGIN_S
+
+
+# --- lifecycle ----------------------------------------------------------------------------------------
+
+
+def test_close_and_garbage_collection_leave_no_process() -> None:
+    manager = RewardManager("format", num_workers=2)
+    manager.start()
+    pids = manager._workers().pids
+    assert all(psutil.pid_exists(pid) for pid in pids)
+    manager.close()
+    assert not any(psutil.pid_exists(pid) for pid in pids)
+    assert manager.score([sample("<answer>red</answer>")]).scores == [1.0]  # a closed manager restarts
+    pids = manager._workers().pids
+    del manager
+    gc.collect()
+    assert not any(psutil.pid_exists(pid) for pid in pids)
+
+
+def test_process_isolation_needs_specs_workers_can_resolve(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(TypeError, match="isolation='inline'"):
+        RewardManager(lambda response: 1.0)
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    register("only_in_driver")(lambda response: 1.0)
+    with pytest.raises(ValueError, match="only_in_driver"):
+        RewardManager({"only_in_driver": 1.0, "format": 1.0})
+    RewardManager("only_in_driver", isolation="inline")  # fine in the driver
+    with pytest.raises(ValueError, match="not found"):
+        RewardManager(f"{PLUGINS}/nowhere.py:score")
+    with pytest.raises(ValueError, match="unknown reward 'no_such'"):
+        RewardManager({"by_data_source": {"a": "no_such"}, "default": "format"})
