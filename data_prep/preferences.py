@@ -2,8 +2,15 @@
 
 A pairs file is JSON lines, one pair per line: ``{"prompt_id": <id of a row of the split>, "chosen": str,
 "rejected": str}``; ``kind`` is optional. :func:`synthetic_pairs` makes them from labelled prompt rows (the
-demo tasks): the chosen response is the right answer in the trained format; the rejected one is another
-answer of the same data source (3 pairs in 4), or the right answer in a broken format.
+demo tasks): the chosen response is the right answer in the trained format; the rejected one is
+
+* ``wrong_answer`` (half the pairs): another answer of the same data source, in the trained format;
+* ``mangled`` (3 in 10): an answer a policy drifts to under a reward model, in the trained format: the right
+  answer doubled or glued to a wrong one, cut short, or with junk characters;
+* ``bad_format`` (the rest): the right answer in a broken format (no tags, an unclosed tag, two answers).
+
+Without the mangled ones, GRPO on a reward model trained on the demo task learns to answer ``blueblue``
+and ``<answer>\x10answer>``: the reward model had never seen such answers and scored them highest.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from typing import Any
 
 from rewards.verifiers import format_answer
 
-WRONG_ANSWER_SHARE = 0.75
+KIND_SHARES = {"wrong_answer": 0.5, "mangled": 0.3, "bad_format": 0.2}
+JUNK = "\x10#*~_<>/"
 
 
 @dataclass(frozen=True)
@@ -33,7 +41,15 @@ class PreferencePair:
 def broken_formats(answer: str) -> list[str]:
     """The right answer written in ways the trained format does not allow."""
     tag = format_answer(answer)
-    return [answer, tag[: -len("</answer>")], f"{tag}{tag}", tag.replace("answer", "ans")]
+    return [answer, tag[: -len("</answer>")], f"{tag}{tag}", tag.replace("answer", "ans"), format_answer("")]
+
+
+def mangled_answers(answer: str, wrong: str, rng: random.Random) -> list[str]:
+    """Wrong answers in the trained format that keep some of the right one (``wrong``: another answer)."""
+    cut = answer[: max(1, len(answer) // 2)]
+    junk = "".join(rng.choice(JUNK) for _ in range(rng.randint(1, 4)))
+    texts = [answer * 2, answer + wrong, wrong + answer, junk, junk + answer, answer + junk]
+    return [format_answer(t) for t in texts + ([cut] if cut != answer else [])]
 
 
 def synthetic_pairs(rows: Sequence[dict[str, Any]], per_prompt: int, seed: int) -> list[PreferencePair]:
@@ -44,14 +60,18 @@ def synthetic_pairs(rows: Sequence[dict[str, Any]], per_prompt: int, seed: int) 
         if str(row["answer"]) not in answers[row["data_source"]]:
             answers[row["data_source"]].append(str(row["answer"]))
     pairs = []
+    kinds, weights = list(KIND_SHARES), list(KIND_SHARES.values())
     for row in rows:
         answer = str(row["answer"])
         wrong = [a for a in answers[row["data_source"]] if a != answer]
         for _ in range(per_prompt):
-            if wrong and rng.random() < WRONG_ANSWER_SHARE:
-                rejected, kind = format_answer(rng.choice(wrong)), "wrong_answer"
+            kind = rng.choices(kinds, weights)[0] if wrong else "bad_format"
+            if kind == "wrong_answer":
+                rejected = format_answer(rng.choice(wrong))
+            elif kind == "mangled":
+                rejected = rng.choice(mangled_answers(answer, rng.choice(wrong), rng))
             else:
-                rejected, kind = rng.choice(broken_formats(answer)), "bad_format"
+                rejected = rng.choice(broken_formats(answer))
             pairs.append(PreferencePair(str(row["id"]), format_answer(answer), rejected, kind))
     return pairs
 

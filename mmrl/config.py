@@ -349,12 +349,12 @@ class RMConfig:
     ``rejected``); empty: synthetic pairs made from the train split's labels."""
     val_pairs: str = ""
     """The same for the held-out pairs, on the val split."""
-    pairs_per_prompt: int = num(2, ge=1)
+    pairs_per_prompt: int = num(4, ge=1)
     """Synthetic pairs per prompt."""
-    steps: int = num(200, ge=1)
-    batch_size: int = num(16, ge=1)
+    steps: int = num(1200, ge=1)
+    batch_size: int = num(32, ge=1)
     """Pairs per step."""
-    lr: float = num(1e-3, ge=0)
+    lr: float = num(3e-4, ge=0)
     weight_decay: float = num(0.0, ge=0)
     warmup_steps: int = num(10, ge=0)
     grad_clip: float = num(1.0, gt=0)

@@ -2,7 +2,7 @@
 
 Metric names follow one vocabulary, close to verl's: ``timing_s/<stage>``, ``perf/throughput``,
 ``actor/pg_loss``, ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/entropy``, ``actor/grad_norm``,
-``critic/score/mean``, ``response_length/mean``, ``val/<data_source>/acc``, ``reward/num_errors``.
+``critic/score/mean``, ``response_length/mean``, ``val/<data_source>/acc``, ``reward/<name>/failures``.
 Names built from data (a ``data_source``, a reward component) pass :func:`metric_name`, which turns them
 into names MLflow accepts. URIs with credentials are logged without them (:func:`redact_uri`).
 """

@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 import weakref
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing import Pipe
@@ -192,6 +192,7 @@ class RewardPool:
             worker.finish(index)
             if not isinstance(outcome, Outcome):
                 outcome = Outcome(failure="error", message=f"the worker reported a {type(outcome).__name__}")
+            call.returned[_spec_key(chunk.spec)] += 1
             call.record(chunk.job, index, outcome)
         elif tag in ("load_failed", "chunk_done"):
             message_text = message[1] if tag == "load_failed" else "the worker finished without a result"
@@ -260,6 +261,8 @@ class RewardPool:
         hit = set(worker.pending) if loading else set(worker.running)
         for index in sorted(hit):
             call.record(chunk.job, index, outcome)
+        if kind == "timeout" and not loading:
+            call.note_timeout(_spec_key(chunk.spec), self.num_workers)
         rest = [item for item in chunk.items if item[0] in worker.pending and item[0] not in hit]
         if rest:
             call.queue.appendleft(_Chunk(chunk.job, chunk.spec, rest))
@@ -303,13 +306,24 @@ class _Call:
         self.timeout_s = timeout_s
         self.outcomes: list[dict[int, Outcome]] = [{} for _ in jobs]
         self.queue: deque[_Chunk] = deque()
-        self.unloadable: dict[str, Outcome] = {}  # spec key -> how loading it failed in this call
+        self.unloadable: dict[str, Outcome] = {}  # spec key -> why its samples fail at once in this call
+        self.returned: Counter[str] = Counter()  # spec key -> calls that returned (whatever they returned)
+        self.timeouts: Counter[str] = Counter()
         self.remaining = 0
         for job, (spec, items) in enumerate(jobs):
             size = max(1, math.ceil(len(items) / num_workers))
             for start in range(0, len(items), size):
                 self.queue.append(_Chunk(job, spec, list(items[start:start + size])))
             self.remaining += len(items)
+
+    def note_timeout(self, key: str, num_workers: int) -> None:
+        """A function whose first ``num_workers`` calls of this call all timed out hangs: its other samples
+        fail at once, so that a step waits about one timeout for it, not one per sample."""
+        self.timeouts[key] += 1
+        if self.timeouts[key] >= num_workers and not self.returned[key]:
+            self.unloadable[key] = Outcome(
+                failure="timeout", message=f"not run: this reward function's first {self.timeouts[key]} calls in "
+                                           "this batch all timed out, so the rest of the batch was not tried")
 
     def record(self, job: int, index: int, outcome: Outcome) -> None:
         if index not in self.outcomes[job]:

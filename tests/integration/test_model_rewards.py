@@ -136,3 +136,23 @@ def test_rlhf_with_the_reward_model_alone(tiny_config, reward_model_dir):
     metrics = MlflowClient(cfg.tracking.uri).get_run(result["mlflow_run_id"]).data.metrics
     assert metrics["critic/score/mean"] == pytest.approx(metrics["reward/model/score"], abs=1e-5)
     assert "reward/score/mean" not in metrics and "train/acc" in metrics  # no rule reward; still verified
+
+
+def test_a_plugin_that_hangs_costs_a_step_about_one_timeout(tiny_config, tmp_path):
+    """A plugin holding the GIL forever on every sample: each step's reward stage returns within its timeout
+    plus a margin, the run finishes on the other component, and the hangs are counted per step."""
+    plugin = tmp_path / "stuck.py"
+    plugin.write_text("import re\n\ndef stuck(response):\n    return float(bool(re.match(r'(a+)+$', 'a' * 64 + 'b')))\n")
+    cfg = tiny_config
+    cfg.trainer.steps, cfg.trainer.eval_every = 2, 0
+    cfg.reward.weights = {"answer_match": 1.0, f"{plugin}:stuck": 1.0}
+    cfg.reward.timeout_s, cfg.reward.max_failed_steps = 2.0, 5
+    result = run_rl(cfg)
+    client = MlflowClient(cfg.tracking.uri)
+    history = {key: [m.value for m in client.get_metric_history(result["mlflow_run_id"], key)]
+               for key in ("timing_s/reward", "reward/stuck/failures/timeout", "reward/stuck/score")}
+    print(f"reward stage with a hung plugin, timeout 2 s: {history['timing_s/reward']} s")
+    samples = cfg.trainer.prompts_per_step * cfg.rollout.n
+    assert history["reward/stuck/failures/timeout"] == [samples, samples]
+    assert history["reward/stuck/score"] == [0.0, 0.0]
+    assert all(seconds < cfg.reward.timeout_s + 3.0 for seconds in history["timing_s/reward"])

@@ -96,11 +96,13 @@ def test_synthetic_pairs_prefer_the_right_answer_in_the_trained_format() -> None
     assert len(pairs) == 100
     by_id = {r["id"]: r for r in ROWS}
     kinds = {p.kind for p in pairs}
-    assert kinds == {"wrong_answer", "bad_format"}
+    assert kinds == {"wrong_answer", "bad_format", "mangled"}
     for pair in pairs:
         row = by_id[pair.prompt_id]
         assert answer_match(pair.chosen, row["answer"]) == 1.0 and format_reward(pair.chosen) == 1.0
-        if pair.kind == "wrong_answer":
+        if pair.kind == "mangled":
+            assert answer_match(pair.rejected, row["answer"]) == 0.0 and pair.rejected.startswith("<answer>")
+        elif pair.kind == "wrong_answer":
             assert answer_match(pair.rejected, row["answer"]) == 0.0 and format_reward(pair.rejected) == 1.0
             same_source = {r["answer"] for r in ROWS if r["data_source"] == row["data_source"]}
             assert pair.rejected[len("<answer>"):-len("</answer>")] in same_source

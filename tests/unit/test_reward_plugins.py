@@ -282,3 +282,20 @@ def test_process_isolation_needs_specs_workers_can_resolve(monkeypatch: pytest.M
         RewardManager(f"{PLUGINS}/nowhere.py:score")
     with pytest.raises(ValueError, match="unknown reward 'no_such'"):
         RewardManager({"by_data_source": {"a": "no_such"}, "default": "format"})
+
+
+def test_a_plugin_that_hangs_on_every_sample_costs_one_timeout_per_batch(faulty: RewardManager) -> None:
+    """Once its first calls (one per worker) all time out, the rest of the batch is not tried: the step
+    waits about one timeout, not one per sample; the next batch tries it again (and the pool still works)."""
+    with RewardManager({f"{FAULTY}:always_hang": 1.0, "format": 1.0}, timeout_s=TIMEOUT_S, num_workers=2) as manager:
+        manager.start()
+        batch = [sample(f"<answer>{i}</answer>") for i in range(16)]
+        for _ in range(2):
+            began = time.monotonic()
+            result = manager.score(batch)
+            elapsed = time.monotonic() - began
+            print(f"16 samples, a plugin hung on every one, timeout {TIMEOUT_S:g} s: {elapsed:.2f} s")
+            assert elapsed < TIMEOUT_S + HANG_MARGIN_S
+            assert result.components["always_hang"].failures["timeout"] == 16
+            assert result.components["format"].scores == [1.0] * 16 and result.scores == [1.0] * 16
+    assert faulty.score([sample("red")]).num_failures == 0  # the other pool is unharmed
