@@ -299,3 +299,20 @@ def test_a_plugin_that_hangs_on_every_sample_costs_one_timeout_per_batch(faulty:
             assert result.components["always_hang"].failures["timeout"] == 16
             assert result.components["format"].scores == [1.0] * 16 and result.scores == [1.0] * 16
     assert faulty.score([sample("red")]).num_failures == 0  # the other pool is unharmed
+
+
+def test_an_installed_plugin_is_found_by_its_entry_point_in_the_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real distribution on sys.path declaring ``[mmrl.rewards] shout = ...``: the driver lists it and the
+    worker processes (which get the driver's sys.path) load it by name."""
+    (tmp_path / "mmrl_test_plugin.py").write_text("def shout(response):\n    return float(response.isupper())\n")
+    dist = tmp_path / "mmrl_test_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: mmrl-test-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[mmrl.rewards]\nshout = mmrl_test_plugin:shout\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "shout" in registry.available()
+    with RewardManager({"shout": 2.0, "format": 1.0}, num_workers=1, timeout_s=5) as manager:
+        result = manager.score([sample("LOUD"), sample("quiet")])
+    assert result.components["shout"].scores == [1.0, 0.0] and result.scores == [2.0, 0.0]
