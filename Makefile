@@ -31,7 +31,7 @@ PIP   := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.mmrl-installed
 STAGE := $(PY) -m pipelines
 
-.PHONY: install model data sft rm rl eval demo bench test test-unit test-integration ui clean help
+.PHONY: install model data sft rm rl eval demo bench gpu-check test test-unit test-integration ui clean help
 
 help:
 	@sed -n '1,6p' Makefile
@@ -74,6 +74,10 @@ bench: $(STAMP)
 	$(STAGE).bench --config configs/bench.yaml $(ARGS)
 	$(STAGE).bench_engines --config configs/bench_engines.yaml $(ARGS)
 	$(STAGE).bench_media --config configs/bench_engines.yaml $(ARGS)
+
+# A short GRPO and PPO run on CUDA with the tiny model, printing step times (needs `make install GPU=1`).
+gpu-check: $(STAMP)
+	$(STAGE).gpu_check --config $(CONFIG) $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest tests -q $(PYTEST_ARGS)

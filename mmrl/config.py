@@ -246,6 +246,11 @@ class ActorConfig(UpdateConfig):
     """Add a KL(policy || reference) penalty to the loss (needs the reference policy)."""
     kl_loss_coef: float = num(0.001, ge=0)
     kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "k3"
+    old_log_probs: Literal["auto", "recompute", "rollout"] = "auto"
+    """Where the PPO ratio's old log-probs come from. recompute: a separate forward pass before the update;
+    rollout: the engine's own (they match the trainer's within 1e-4 on the hf and vLLM engines); auto: with
+    one epoch and one mini-batch (an on-policy step) the update's own forward, detached, which equals them,
+    so the pass is skipped; otherwise recompute."""
 
 
 @dataclass(kw_only=True)
@@ -475,6 +480,9 @@ class Config:
                     f"{mini} mini-batches on each of resources.num_workers={self.resources.num_workers} workers; "
                     f"lower {section}.num_mini_batches"
                 )
+        if self.actor.old_log_probs == "rollout" and (self.rollout.top_p < 1 or self.rollout.top_k > 0):
+            raise ConfigError("actor.old_log_probs=rollout needs rollout.top_p=1 and rollout.top_k=0: with a "
+                              "truncated distribution the engine's log-probs are not the policy's")
         if self.data.min_pixels > self.data.max_pixels:
             raise ConfigError(f"data.min_pixels={self.data.min_pixels} exceeds data.max_pixels={self.data.max_pixels}")
         if self.data.video_min_frames > self.data.video_max_frames:

@@ -119,7 +119,14 @@ class Worker:
         return rss_mb()
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum over ranks, in place; a no-op for one rank."""
+        """Sum over ranks, in place; a no-op for one rank.
+
+        The collective runs on the worker's device (nccl takes no CPU tensors: the update's metric sums and
+        token counts are built on the CPU), and the result is copied back into ``tensor``.
+        """
         if self.world_size > 1:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            on_device = tensor.to(self.device)
+            dist.all_reduce(on_device, op=dist.ReduceOp.SUM)
+            if on_device is not tensor:
+                tensor.copy_(on_device)
         return tensor

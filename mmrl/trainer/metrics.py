@@ -16,7 +16,13 @@ def step_metrics(batch: Batch) -> dict[str, float]:
     lengths = mask.sum(-1)
     scores = batch["token_level_rewards"].sum(-1)
     adv = batch["advantages"][mask.bool()]
-    return {
+    trainer_side = {}  # absent when an on-policy step took its old log-probs inside the update
+    if "entropy" in batch.tensors:
+        trainer_side["actor/entropy_old"] = float((batch["entropy"] * mask).sum() / mask.sum())
+    if "old_log_probs" in batch.tensors and "rollout_log_probs" in batch.tensors:
+        diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs() * mask
+        trainer_side["rollout/logprob_diff_max"] = float(diff.max())
+    return trainer_side | {
         "critic/score/mean": float(scores.mean()),
         "critic/score/max": float(scores.max()),
         "critic/score/min": float(scores.min()),
@@ -26,8 +32,6 @@ def step_metrics(batch: Batch) -> dict[str, float]:
         "response_length/mean": float(lengths.float().mean()),
         "response_length/max": float(lengths.max()),
         "response_length/clip_ratio": float((lengths >= mask.shape[1]).float().mean()),
-        "actor/entropy_old": float((batch["entropy"] * mask).sum() / mask.sum()),
-        "rollout/logprob_diff_max": float(((batch["rollout_log_probs"] - batch["old_log_probs"]).abs() * mask).max()),
     }
 
 

@@ -35,6 +35,7 @@ from mmrl.trainer.metrics import non_finite, step_metrics, timing_metrics, value
 from mmrl.trainer.plots import plot_curves
 from mmrl.trainer.reward_stage import (CombinedReward, JudgeReward, ModelReward, RewardStage, RuleReward, Verifier,
                                        place_on_last_token)
+from mmrl.workers.actor import old_log_prob_source
 from mmrl.workers.critic import CriticWorker
 from mmrl.workers.hybrid import ActorRolloutRefWorker
 from mmrl.workers.judge import JudgeWorker
@@ -59,6 +60,7 @@ class RLTrainer:
         check_checkpoint(self.checkpoint, "trainer.init")  # before any worker starts
         self.algorithm = build_algorithm(cfg)
         self.with_reference = needs_reference(cfg)
+        self.old_log_probs = old_log_prob_source(cfg.actor)  # "update": taken inside the update's forward
         self.sampling = SamplingParams(
             n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
             top_k=cfg.rollout.top_k, max_new_tokens=cfg.rollout.max_new_tokens,
@@ -176,8 +178,11 @@ class RLTrainer:
             with self.timer("reward"):
                 batch, metrics = self.score(batch)
             batch, filter_metrics = self.algorithm.filter(batch)
-            with self.timer("old_log_prob"):
-                batch = batch.union(self.workers.compute_log_probs(batch))
+            if self.old_log_probs == "recompute":
+                with self.timer("old_log_prob"):
+                    batch = batch.union(self.workers.compute_log_probs(batch))
+            elif self.old_log_probs == "rollout":
+                batch.tensors["old_log_probs"] = batch["rollout_log_probs"]
             if self.with_reference:
                 with self.timer("ref"):
                     batch = batch.union(self.workers.compute_ref_log_probs(batch))

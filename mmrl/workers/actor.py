@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -49,6 +50,14 @@ def batched_logprobs(
     return torch.cat(logps), torch.cat(entropies)
 
 
+def old_log_prob_source(cfg: ActorConfig) -> Literal["update", "recompute", "rollout"]:
+    """Where a step's old log-probs come from (``actor.old_log_probs``): ``update`` when the step is on-policy
+    (one epoch, one mini-batch: the policy has not moved when each token's ratio is taken)."""
+    if cfg.old_log_probs == "auto":
+        return "update" if cfg.ppo_epochs == 1 and cfg.num_mini_batches == 1 else "recompute"
+    return cfg.old_log_probs
+
+
 class PolicyUpdater(DataParallelUpdater):
     """A policy loss from the loss table (+ optional entropy bonus and KL-to-reference loss) over one
     step's batch."""
@@ -70,7 +79,9 @@ class PolicyUpdater(DataParallelUpdater):
 
     def update(self, batch: Batch) -> dict[str, float]:
         """batch: responses, response_mask, old_log_probs, advantages (and ref_log_probs with KL loss)."""
-        batch.require("prompt", "responses", "response_mask", "old_log_probs", "advantages")
+        batch.require("prompt", "responses", "response_mask", "advantages")
+        if old_log_prob_source(self.cfg) != "update":
+            batch.require("old_log_probs")
         if self.cfg.use_kl_loss:
             batch.require("ref_log_probs")
         return super().update(batch)
@@ -83,8 +94,10 @@ class PolicyUpdater(DataParallelUpdater):
             pad_token_id=self.spec.pad_token_id, banned_ids=self.spec.banned_ids,
             temperature=self.spec.temperature, device=dev,
         )
+        # On-policy (old_log_probs=update) the ratio's denominator is this forward's own log-probs, detached.
+        old = micro["old_log_probs"].to(dev) if "old_log_probs" in micro.tensors else logp.detach()
         pg_loss, pg_metrics = self.loss_fn(
-            logp, micro["old_log_probs"].to(dev), micro["advantages"].to(dev), mask,
+            logp, old, micro["advantages"].to(dev), mask,
             cfg=cfg, denominator=denominator,
         )
         loss = pg_loss

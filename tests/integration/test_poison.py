@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 
 from mmrl.trainer.rl import run_rl
 
-# Finite and within float32, so the reward manager accepts it; GAE's whitening then overflows to NaN.
+# Finite and within float32 (and reward.max_abs_score is raised past it), so the reward manager accepts it;
+# GAE's whitening then overflows to NaN. What is under test is the trainer's own guard.
 HUGE_REWARD = "def score(response):\n    return 3.0e38\n"
 
 
@@ -20,6 +21,7 @@ def poisoned_ppo(cfg, tmp_path: Path, steps: int, max_skipped: int):
     plugin = tmp_path / "huge_reward.py"
     plugin.write_text(HUGE_REWARD)
     cfg.reward.function, cfg.reward.weights = f"{plugin}:score", {}
+    cfg.reward.max_abs_score = 3.4e38
     cfg.algorithm.name = "ppo"
     cfg.trainer.out_dir, cfg.trainer.steps, cfg.trainer.eval_every = str(tmp_path / "rl"), steps, 100
     cfg.trainer.max_skipped_steps = max_skipped

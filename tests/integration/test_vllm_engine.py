@@ -212,3 +212,26 @@ def test_no_engine_emits_a_vision_token_even_when_the_model_wants_to(engine, tin
         group.shutdown()
     emitted = {t for row in tokens_of(samples) for t in row}
     assert emitted and not emitted & set(vision_token_ids(tok))
+
+
+def test_a_judge_on_vllm_answers_like_a_judge_on_hf(tiny_config, vllm_model_dir, tiny_data_dir):
+    """reward.judge.engine=vllm: the judge's questions (the prompts' images plus the template) get the same
+    greedy answers, and so the same verdicts, as through the hf engine."""
+    from mmrl.workers.judge import JudgeWorker
+
+    cfg = copy.deepcopy(tiny_config)
+    cfg.model.path = str(vllm_model_dir)
+    batch = mixed_prompts(tiny_data_dir)
+    batch.objects["response_text"] = ["<answer>red</answer>", "blue", "<answer>yes</answer>"]
+    out = {}
+    for engine in ("hf", "vllm"):
+        cfg.reward.judge.engine = engine
+        group = WorkerGroup(JudgeWorker, ResourcePool(1, cpus_per_worker=0.5), threads=2, device="cpu")
+        try:
+            group.init_model(cfg, str(vllm_model_dir))
+            out[engine] = group.judge(batch)
+            group.shutdown_engine()
+        finally:
+            group.shutdown()
+    assert out["vllm"]["judge_text"] == out["hf"]["judge_text"]
+    assert torch.equal(out["vllm"]["judge_scores"], out["hf"]["judge_scores"])

@@ -17,7 +17,7 @@ from mmrl.parallel.sharding import shard_parts
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
 from mmrl.rollout.hf import HFRolloutEngine
-from mmrl.workers.actor import LogProbSpec, PolicyUpdater, batched_logprobs
+from mmrl.workers.actor import LogProbSpec, PolicyUpdater, batched_logprobs, old_log_prob_source
 
 CPU = torch.device("cpu")
 
@@ -77,6 +77,28 @@ def test_update_equals_full_batch_reference_for_any_micro_batch(rollout_batch, m
     assert not all(torch.equal(p, q) for p, q in zip(trained.parameters(), model.parameters()))
     assert metrics["actor/pg_clipfrac"] == 0.0  # first mini-batch: ratio is 1 everywhere
     assert abs(metrics["actor/ppo_kl"]) < 1e-5
+
+
+def test_an_on_policy_update_takes_its_old_log_probs_from_its_own_forward(rollout_batch):
+    """actor.old_log_probs=auto with one epoch and one mini-batch: no old_log_probs in the batch, and the
+    gradients equal those of the update given separately recomputed old log-probs (and the reference's)."""
+    model, batch, spec = rollout_batch
+    cfg = ActorConfig(lr=1e-2, warmup_steps=0, num_mini_batches=1, micro_batch_size=5, grad_clip=1.0)
+    expected = reference_gradients(model, batch, spec, cfg)
+    without = Batch(tensors={k: v for k, v in batch.tensors.items() if k != "old_log_probs"},
+                    objects=dict(batch.objects))
+    trained = copy.deepcopy(model)
+    metrics = updater_for(trained, cfg, spec).update(without)
+    for (name, p), q in zip(trained.named_parameters(), expected.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-7, rtol=1e-4), name
+    assert metrics["actor/pg_clipfrac"] == 0.0 and metrics["actor/ppo_kl"] == 0.0
+    two_mini_batches = ActorConfig(lr=1e-2, num_mini_batches=2)  # off-policy after the first: must be given
+    with pytest.raises(KeyError, match="old_log_probs"):
+        updater_for(copy.deepcopy(model), two_mini_batches, spec).update(without)
+    assert [old_log_prob_source(ActorConfig(**kw)) for kw in (
+        {"num_mini_batches": 1}, {"num_mini_batches": 2}, {"num_mini_batches": 1, "ppo_epochs": 2},
+        {"num_mini_batches": 1, "old_log_probs": "recompute"}, {"num_mini_batches": 4, "old_log_probs": "rollout"},
+    )] == ["update", "recompute", "recompute", "recompute", "rollout"]
 
 
 def test_frozen_vision_is_bit_identical_and_has_no_optimizer_state(rollout_batch):

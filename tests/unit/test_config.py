@@ -136,3 +136,10 @@ def test_every_numeric_field_has_bounds_and_the_defaults_meet_them():
     assert not unbounded, f"numeric config keys without bounds: {unbounded}"
     assert len(bounds) > 40 and "critic.micro_batch_size" in bounds
     load_config(None, [])  # the defaults pass their own bounds
+
+
+def test_old_log_probs_from_the_rollout_need_the_untruncated_distribution() -> None:
+    load_config(None, ["actor.old_log_probs=rollout"])
+    for bad in ("rollout.top_p=0.9", "rollout.top_k=5"):
+        with pytest.raises(ConfigError, match="actor.old_log_probs=rollout needs rollout.top_p=1"):
+            load_config(None, ["actor.old_log_probs=rollout", bad])
