@@ -11,7 +11,6 @@ from mlflow.tracking import MlflowClient
 
 from data_prep.schema import decode_images
 from mmrl.controller import ResourcePool, WorkerGroup
-from mmrl.models.encoding import collate, encode_prompt, vision_token_ids
 from mmrl.models.forward import ValueModel
 from mmrl.models.loading import load_model, load_processor, save_checkpoint
 from mmrl.protocol import Batch
@@ -73,26 +72,13 @@ def test_a_reward_model_on_two_fsdp_ranks_scores_like_one_process(tiny_config, r
     assert expected.abs().min() > 0 and len(set(expected.tolist())) == 6  # a real, sample-dependent head
 
 
-def reference_judge_texts(checkpoint: Path, batch: Batch, template: str, max_new_tokens: int) -> list[str]:
-    """The judge's answers by plain transformers greedy generation, one question at a time."""
-    model, processor = load_model(checkpoint).eval(), load_processor(checkpoint)
-    tok = processor.tokenizer
-    texts = []
-    for i in range(len(batch)):
-        messages = judge_messages(batch["messages"][i], batch["response_text"][i], batch["answer"][i], template)
-        prompt = encode_prompt(processor, messages, decode_images({"images": batch["images"][i]}))
-        with torch.no_grad():
-            out = model.generate(**collate([prompt], tok.pad_token_id), do_sample=False, max_new_tokens=max_new_tokens,
-                                 suppress_tokens=vision_token_ids(tok), eos_token_id=tok.eos_token_id,
-                                 pad_token_id=tok.pad_token_id)
-        tokens = out[0, len(prompt):].tolist()
-        if tok.eos_token_id in tokens:
-            tokens = tokens[: tokens.index(tok.eos_token_id) + 1]
-        texts.append(tok.decode(tokens, skip_special_tokens=False))
-    return texts
+def judge_questions(batch: Batch, template: str) -> list[tuple[list[dict], list]]:
+    """The judge's questions as (messages, PIL images), one per sample."""
+    return [(judge_messages(batch["messages"][i], batch["response_text"][i], batch["answer"][i], template),
+             decode_images({"images": batch["images"][i]})) for i in range(len(batch))]
 
 
-def test_the_judge_asks_through_its_engine_and_parses_each_verdict(tiny_config, tiny_model_dir):
+def test_the_judge_asks_through_its_engine_and_parses_each_verdict(tiny_config, tiny_model_dir, reference_greedy):
     cfg = tiny_config
     cfg.reward.judge.path = str(tiny_model_dir)
     batch = scored_batch(cfg, load_processor(tiny_model_dir))
@@ -102,7 +88,8 @@ def test_the_judge_asks_through_its_engine_and_parses_each_verdict(tiny_config, 
         out = group.judge(batch)
     finally:
         group.shutdown()
-    expected = reference_judge_texts(tiny_model_dir, batch, cfg.reward.judge.template, cfg.reward.judge.max_new_tokens)
+    expected = reference_greedy(tiny_model_dir, judge_questions(batch, cfg.reward.judge.template),
+                                cfg.reward.judge.max_new_tokens)
     assert out["judge_text"] == expected
     verdicts = [parse_verdict(t) for t in expected]
     assert out["judge_scores"].tolist() == [v or 0.0 for v in verdicts]

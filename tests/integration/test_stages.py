@@ -6,13 +6,10 @@ from pathlib import Path
 
 import mlflow
 import pytest
-import torch
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from data_prep.schema import decode_images
-from mmrl.models.encoding import collate, encode_prompt, vision_token_ids
-from mmrl.models.loading import load_model, load_processor
 from mmrl.trainer.dataset import load_rows
 from pipelines import data as data_stage
 from rewards import answer_match
@@ -20,26 +17,7 @@ from mmrl.trainer.eval_checkpoint import run_eval
 from mmrl.trainer.sft import run_sft
 
 
-def reference_greedy(checkpoint: str, rows: list[dict], max_new_tokens: int) -> list[str]:
-    """Greedy responses one prompt at a time with plain transformers generate (no batching, no engine)."""
-    model, processor = load_model(checkpoint).eval(), load_processor(checkpoint)
-    tokenizer = processor.tokenizer
-    texts = []
-    for row in rows:
-        prompt = encode_prompt(processor, row["messages"], decode_images(row))
-        inputs = collate([prompt], tokenizer.pad_token_id)
-        with torch.no_grad():
-            out = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens,
-                                 suppress_tokens=vision_token_ids(tokenizer), eos_token_id=tokenizer.eos_token_id,
-                                 pad_token_id=tokenizer.pad_token_id)
-        tokens = out[0, len(prompt):].tolist()
-        if tokenizer.eos_token_id in tokens:
-            tokens = tokens[: tokens.index(tokenizer.eos_token_id) + 1]
-        texts.append(tokenizer.decode(tokens, skip_special_tokens=False))
-    return texts
-
-
-def test_sft_then_eval_match_a_one_prompt_at_a_time_reference(tiny_config, tmp_path):
+def test_sft_then_eval_match_a_one_prompt_at_a_time_reference(tiny_config, tmp_path, reference_greedy):
     """Eval's batched greedy answers equal plain single-prompt generation, and its accuracy is the
     configured verifier per data_source: answer_match for colour, a plugin accepting anything for count."""
     cfg = tiny_config
@@ -54,7 +32,8 @@ def test_sft_then_eval_match_a_one_prompt_at_a_time_reference(tiny_config, tmp_p
     result = run_eval(cfg, sft["checkpoint"])
 
     rows = load_rows(cfg.data.dir, "test")
-    texts = reference_greedy(sft["checkpoint"], rows, cfg.eval.max_new_tokens)
+    texts = reference_greedy(sft["checkpoint"], [(r["messages"], decode_images(r)) for r in rows],
+                             cfg.eval.max_new_tokens)
     logged = mlflow.artifacts.load_dict(f"runs:/{result['mlflow_run_id']}/rollouts/test.json")
     assert logged["response"] == texts  # the first 16 samples: the whole 16-row test split
     expected = defaultdict(list)
