@@ -30,6 +30,14 @@ VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision
 _PLACEHOLDER = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
 # Media fields of an EncodedPrompt: concatenated over the samples of a batch, in sample order.
 MEDIA_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+# With shared media (collate(share_media=True)): per kind, the pixels field, the grids field, and the two keys
+# collate adds: the grids of the distinct items, and for each item of the batch the distinct item it is.
+SHARED_MEDIA = (("image", "pixel_values", "image_grid_thw"), ("video", "pixel_values_videos", "video_grid_thw"))
+
+
+def shared_keys(kind: str) -> tuple[str, str]:
+    """The keys ``collate(share_media=True)`` adds for ``kind``: distinct grids (N, 3), item -> distinct (M,)."""
+    return f"{kind}_grid_thw_distinct", f"{kind}_distinct_index"
 
 
 @dataclass(eq=False)
@@ -135,10 +143,16 @@ def collate(
     pad_token_id: int,
     responses: torch.Tensor | None = None,
     response_mask: torch.Tensor | None = None,
+    share_media: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Left-pad prompts to one length P and append right-padded responses.
 
-    prompts: B encoded prompts (the same object may appear several times).
+    prompts: B encoded prompts (the same object may appear several times, e.g. the n samples of a prompt).
+    share_media: send each distinct prompt's pixels once (the n samples of a prompt then cost one vision
+    pass, not n): ``pixel_values`` / ``pixel_values_videos`` hold the distinct prompts' media only, and
+    :func:`shared_keys` give their grids and, for every image / video of the batch, which distinct one it is
+    (the grids themselves stay per sample: the 3-D positions need them). Only
+    :func:`mmrl.models.forward.encode_media` reads that form; ``model(**inputs)`` does not.
     responses: (B, R) int64 or None; response_mask: (B, R), 1 on real response tokens.
     Returns model kwargs: input_ids (B, P+R), attention_mask (B, P+R), mm_token_type_ids (B, P+R), and
     each media field of :data:`MEDIA_FIELDS` that any prompt has, concatenated in sample order.
@@ -164,7 +178,33 @@ def collate(
         present = [getattr(p, key) for p in prompts if getattr(p, key) is not None]
         if present:
             batch[key] = torch.cat(present)
+    if share_media:
+        batch.update(_distinct_media(prompts))
     return batch
+
+
+def _distinct_media(prompts: Sequence[EncodedPrompt]) -> dict[str, torch.Tensor]:
+    """The pixels of each distinct prompt (by identity) once, their grids, and item -> distinct item maps."""
+    distinct = list({id(p): p for p in prompts}.values())
+    out: dict[str, torch.Tensor] = {}
+    for kind, pixels_key, grid_key in SHARED_MEDIA:
+        grids = [getattr(p, grid_key) for p in distinct if getattr(p, grid_key) is not None]
+        if not grids:
+            continue
+        first = {}  # id(prompt) -> index of its first item among the distinct items
+        count = 0
+        for p in distinct:
+            grid = getattr(p, grid_key)
+            if grid is not None:
+                first[id(p)] = count
+                count += grid.shape[0]
+        index = [first[id(p)] + j for p in prompts if getattr(p, grid_key) is not None
+                 for j in range(getattr(p, grid_key).shape[0])]
+        grid_distinct, index_key = shared_keys(kind)
+        out[pixels_key] = torch.cat([getattr(p, pixels_key) for p in distinct if getattr(p, grid_key) is not None])
+        out[grid_distinct] = torch.cat(grids)
+        out[index_key] = torch.tensor(index, dtype=torch.long)
+    return out
 
 
 def vision_token_ids(tokenizer: Any) -> list[int]:

@@ -18,7 +18,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
+from mmrl.models.encoding import shared_keys
+
 VALUE_HEAD_FILE = "value_head.safetensors"
+VISION_ONLY = ("pixel_values", "pixel_values_videos", *shared_keys("image"), *shared_keys("video"))
 MEDIA = (("image", "pixel_values", "image_grid_thw"), ("video", "pixel_values_videos", "video_grid_thw"))
 
 
@@ -53,28 +56,33 @@ def encode_media(
     """
     visual = core.visual
     dtype = next(visual.parameters()).dtype
-    present = [(kind, inputs[pk], inputs[gk]) for kind, pk, gk in MEDIA if inputs.get(pk) is not None]
+    # Shared media (collate(share_media=True)): the tower sees each distinct item once; items are copies.
+    present = [(kind, inputs[pk], inputs.get(shared_keys(kind)[0], inputs[gk]), inputs.get(shared_keys(kind)[1]))
+               for kind, pk, gk in MEDIA if inputs.get(pk) is not None]
     if not present:
         if not always:
             return {}, None
         pixels, grid = dummy_media(visual, inputs["input_ids"].device, dtype)
         return {}, visual(pixels, grid_thw=grid).pooler_output.sum() * 0.0
-    pixels = torch.cat([p for _, p, _ in present]).to(dtype)
-    grids = torch.cat([g for _, _, g in present])
+    pixels = torch.cat([p for _, p, _, _ in present]).to(dtype)
+    grids = torch.cat([g for _, _, g, _ in present])
     merged = visual(pixels, grid_thw=grids).pooler_output
     sizes = (grids.prod(-1) // visual.config.spatial_merge_size**2).tolist()
     features = list(torch.split(merged, sizes))
     outputs, start = {}, 0
-    for kind, _, grid in present:
+    for kind, _, grid, index in present:
         count = grid.shape[0]
-        outputs[kind] = BaseModelOutputWithPooling(pooler_output=tuple(features[start : start + count]))
+        items = features[start : start + count]
+        if index is not None:
+            items = [items[i] for i in index.tolist()]
+        outputs[kind] = BaseModelOutputWithPooling(pooler_output=tuple(items))
         start += count
     return outputs, None
 
 
 def text_inputs(inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
     """``inputs`` without the pixels (the grids stay: the model needs them for its 3-D positions)."""
-    return {k: v for k, v in inputs.items() if k not in ("pixel_values", "pixel_values_videos")}
+    return {k: v for k, v in inputs.items() if k not in VISION_ONLY}
 
 
 class PolicyForward(nn.Module):

@@ -49,7 +49,7 @@ def response_logprobs(
     responses, response_mask: (B, R). Returns logp (B, R) and entropy (B, R), float32, zero on padding.
     Gradients flow when called with grad enabled.
     """
-    inputs = collate(prompts, pad_token_id, responses, response_mask)
+    inputs = collate(prompts, pad_token_id, responses, response_mask, share_media=True)
     inputs = {k: v.to(device) for k, v in inputs.items()}
     width = responses.shape[1]
     # The logits at the last R+1 positions; the first R of them predict the response tokens.

@@ -83,7 +83,8 @@ class RMTrainer:
         prompts = [self.prompts[p.prompt_id] for p in pairs] * 2
         texts = [p.chosen for p in pairs] + [p.rejected for p in pairs]
         ids, mask = pad_targets([response_ids(self.tokenizer, t) for t in texts], self.tokenizer.pad_token_id)
-        inputs = {k: v.to(self.device) for k, v in collate(prompts, self.tokenizer.pad_token_id, ids, mask).items()}
+        inputs = collate(prompts, self.tokenizer.pad_token_id, ids, mask, share_media=True)
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
         out = self.root.sequence_scores(inputs, ids.shape[1], mask.sum(-1).long())
         return out[: len(pairs)], out[len(pairs):]
 

@@ -28,7 +28,7 @@ SCORED = ("prompt", "responses", "response_mask")
 
 def batch_values(model: torch.nn.Module, batch: Batch, pad_token_id: int, device: torch.device) -> torch.Tensor:
     """V(s_t) for every response token of ``batch``: (B, R) float32, zero on padding (grad enabled)."""
-    inputs = collate(batch["prompt"], pad_token_id, batch["responses"], batch["response_mask"])
+    inputs = collate(batch["prompt"], pad_token_id, batch["responses"], batch["response_mask"], share_media=True)
     inputs = {k: v.to(device) for k, v in inputs.items()}
     values = model(inputs, batch["responses"].shape[1])
     return values * batch["response_mask"].to(device)

@@ -22,7 +22,8 @@ SCORED = ("prompt", "responses", "response_mask")
 def sequence_scores(model: torch.nn.Module, batch: Batch, pad_token_id: int, device: torch.device) -> torch.Tensor:
     """The reward model's score of each sample of ``batch`` (prompt + right-padded response): (B,) float32."""
     responses, mask = batch["responses"], batch["response_mask"]
-    inputs = {k: v.to(device) for k, v in collate(batch["prompt"], pad_token_id, responses, mask).items()}
+    inputs = collate(batch["prompt"], pad_token_id, responses, mask, share_media=True)
+    inputs = {k: v.to(device) for k, v in inputs.items()}
     return model(inputs, responses.shape[1], mask.sum(-1).long())
 
 
