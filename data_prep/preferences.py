@@ -7,10 +7,12 @@ demo tasks): the chosen response is the right answer in the trained format; the 
 * ``wrong_answer`` (half the pairs): another answer of the same data source, in the trained format;
 * ``mangled`` (3 in 10): an answer a policy drifts to under a reward model, in the trained format: the right
   answer doubled or glued to a wrong one, cut short, or with junk characters;
-* ``bad_format`` (the rest): the right answer in a broken format (no tags, an unclosed tag, two answers).
+* ``bad_format`` (the rest): the right answer in a broken format: no tags, an unclosed tag, two answers, or
+  (half of them) one character of a tag deleted, replaced or added.
 
-Without the mangled ones, GRPO on a reward model trained on the demo task learns to answer ``blueblue``
-and ``<answer>\x10answer>``: the reward model had never seen such answers and scored them highest.
+Without the mangled and the tag-edited ones, GRPO on a reward model trained on the demo task learns to
+answer ``blueblue``, ``<answer>\x10answer>`` or ``</answer>orange</answer>``: the reward model had never seen
+such answers and scored them highest.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from typing import Any
 
 from rewards.verifiers import format_answer
 
-KIND_SHARES = {"wrong_answer": 0.5, "mangled": 0.3, "bad_format": 0.2}
+KIND_SHARES = {"wrong_answer": 0.45, "mangled": 0.25, "bad_format": 0.3}
+TAG_EDITS = "</>"
 JUNK = "\x10#*~_<>/"
 
 
@@ -42,6 +45,20 @@ def broken_formats(answer: str) -> list[str]:
     """The right answer written in ways the trained format does not allow."""
     tag = format_answer(answer)
     return [answer, tag[: -len("</answer>")], f"{tag}{tag}", tag.replace("answer", "ans"), format_answer("")]
+
+
+def corrupt_tag(answer: str, rng: random.Random) -> str:
+    """The right answer in the trained format with one character of a tag deleted, replaced or added
+    (``answer>red</answer>``, ``</answer>red</answer>``, ...): the near misses a policy finds first."""
+    text = format_answer(answer)
+    head = len(format_answer("")) // 2  # the opening tag's length
+    tags = [i for i in range(len(text)) if i < head or i >= head + len(answer)]
+    at = rng.choice(tags)
+    edit = rng.choice(("delete", "replace", "insert"))
+    if edit == "delete":
+        return text[:at] + text[at + 1:]
+    char = rng.choice([c for c in TAG_EDITS if c != text[at]] if edit == "replace" else TAG_EDITS)
+    return text[:at] + char + text[at + (edit == "replace"):]
 
 
 def mangled_answers(answer: str, wrong: str, rng: random.Random) -> list[str]:
@@ -70,6 +87,8 @@ def synthetic_pairs(rows: Sequence[dict[str, Any]], per_prompt: int, seed: int) 
                 rejected = format_answer(rng.choice(wrong))
             elif kind == "mangled":
                 rejected = rng.choice(mangled_answers(answer, rng.choice(wrong), rng))
+            elif rng.random() < 0.5:
+                rejected = corrupt_tag(answer, rng)
             else:
                 rejected = rng.choice(broken_formats(answer))
             pairs.append(PreferencePair(str(row["id"]), format_answer(answer), rejected, kind))
