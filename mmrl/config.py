@@ -226,6 +226,11 @@ class UpdateConfig:
     """Optimizer steps per epoch (the batch is split into this many mini-batches)."""
     micro_batch_size: int = num(64, ge=1)
     """Sequences per forward/backward (gradient accumulation inside a mini-batch)."""
+    max_tokens_per_micro: int = num(0, ge=0)
+    """When > 0, micro-batches are formed by this token budget instead of ``micro_batch_size`` rows: a row
+    costs its real response length, plus its prompt's length the first time the prompt appears in the
+    micro-batch (with ``share_prompt``; every time without). A row over the budget forms its own micro-batch.
+    All ranks take the largest micro-batch count any rank needs, so that sharded forwards stay in step."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     vision: VisionPartConfig = field(default_factory=VisionPartConfig)
     """Layout of the vision encoder (for the actor: of the reference too, which follows the actor)."""
@@ -246,6 +251,10 @@ class ActorConfig(UpdateConfig):
     """Add a KL(policy || reference) penalty to the loss (needs the reference policy)."""
     kl_loss_coef: float = num(0.001, ge=0)
     kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "k3"
+    share_prompt: bool = True
+    """Score the samples of a prompt in one packed sequence that holds the prompt once (its media and its
+    tokens run once, not n times; :mod:`mmrl.models.packing`). Needs sdpa or eager attention: with
+    flash_attention_2 every sample gets its own row."""
     old_log_probs: Literal["auto", "recompute", "rollout"] = "auto"
     """Where the PPO ratio's old log-probs come from. recompute: a separate forward pass before the update;
     rollout: the engine's own (they match the trainer's within 1e-4 on the hf and vLLM engines); auto: with

@@ -19,6 +19,7 @@ from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from mmrl.models.encoding import shared_keys
+from mmrl.models.packing import additive
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 VISION_ONLY = ("pixel_values", "pixel_values_videos", *shared_keys("image"), *shared_keys("video"))
@@ -102,11 +103,29 @@ class PolicyForward(nn.Module):
         return core_model(self.model)
 
     def forward(self, inputs: dict[str, torch.Tensor], logits_to_keep: int) -> torch.Tensor:
-        """inputs: collated (B, L) ids/masks and media -> logits (B, logits_to_keep, V)."""
+        """inputs: collated (B, L) ids/masks and media -> logits (B, logits_to_keep, V).
+
+        Packed inputs (:func:`mmrl.models.packing.pack`, which has ``packed_gather`` (B, R)): logits (B, R, V) of
+        the states that predict each response token; ``logits_to_keep`` is ignored.
+        """
         media, anchor = encode_media(self.core, inputs, self.always_run_vision)
-        out = self.model(**text_inputs(inputs), mm_encoder_outputs=media or None,
-                         logits_to_keep=logits_to_keep, use_cache=False)
-        return out.logits if anchor is None else out.logits + anchor
+        if "packed_gather" in inputs:
+            logits = self.packed_logits(inputs, media)
+        else:
+            logits = self.model(**text_inputs(inputs), mm_encoder_outputs=media or None,
+                                logits_to_keep=logits_to_keep, use_cache=False).logits
+        return logits if anchor is None else logits + anchor
+
+    def packed_logits(self, inputs: dict[str, torch.Tensor], media: dict[str, BaseModelOutputWithPooling]) -> torch.Tensor:
+        """Packed (G, W) rows -> logits (B, R, V): the LM head runs on the gathered response states only."""
+        rest = {k: v for k, v in text_inputs(inputs).items() if k not in ("packed_gather", "packed_mask")}
+        mask = inputs["packed_mask"]
+        if self.core.config._attn_implementation == "eager":  # sdpa takes the bool mask; eager adds a bias
+            mask = additive(mask, self.core.get_input_embeddings().weight.dtype)
+        hidden = self.core(**rest, attention_mask=mask, mm_encoder_outputs=media or None,
+                           use_cache=False).last_hidden_state
+        states = hidden.reshape(-1, hidden.shape[-1])[inputs["packed_gather"]]
+        return self.model.lm_head(states)
 
 
 class ValueModel(nn.Module):

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from mmrl.models.encoding import EncodedPrompt, collate
+from mmrl.models.packing import pack, worth_packing
 
 
 def policy_log_softmax(logits: torch.Tensor, banned_ids: Sequence[int], temperature: float) -> torch.Tensor:
@@ -42,19 +43,30 @@ def response_logprobs(
     banned_ids: Sequence[int],
     temperature: float,
     device: torch.device,
+    share_prompt: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward pass of prompts + responses; log-prob and entropy of each response token.
 
     policy: a :class:`~mmrl.models.forward.PolicyForward` (possibly FSDP-sharded).
     responses, response_mask: (B, R). Returns logp (B, R) and entropy (B, R), float32, zero on padding.
-    Gradients flow when called with grad enabled.
+    Columns past the longest real response are not computed (padding is not compute).
+    share_prompt: when a prompt repeats (the n samples of a prompt), run its tokens once: one packed
+    sequence per distinct prompt (:mod:`mmrl.models.packing`). Gradients flow when called with grad enabled.
     """
-    inputs = collate(prompts, pad_token_id, responses, response_mask, share_media=True)
-    inputs = {k: v.to(device) for k, v in inputs.items()}
-    width = responses.shape[1]
-    # The logits at the last R+1 positions; the first R of them predict the response tokens.
-    logits = policy(inputs, width + 1)[:, :-1]
+    full_width = responses.shape[1]
+    width = max(int(response_mask.sum(1).max()), 1) if len(responses) else full_width
+    responses, response_mask = responses[:, :width], response_mask[:, :width]
+    if share_prompt and worth_packing(prompts):
+        inputs = pack(policy.core, prompts, responses, response_mask, pad_token_id)
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        logits = policy(inputs, 0)
+    else:
+        inputs = collate(prompts, pad_token_id, responses, response_mask, share_media=True)
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        # The logits at the last R+1 positions; the first R of them predict the response tokens.
+        logits = policy(inputs, width + 1)[:, :-1]
     log_probs = policy_log_softmax(logits, banned_ids, temperature)
     logp, entropy = gather_logprobs_entropy(log_probs, responses.to(device))
     mask = response_mask.to(device)
-    return logp * mask, entropy * mask
+    pad = (0, full_width - width)
+    return F.pad(logp * mask, pad), F.pad(entropy * mask, pad)

@@ -1,4 +1,5 @@
-"""Rollout with transformers ``generate``: batched, left-padded, on a full (unsharded) copy of the policy.
+"""Rollout with a transformers model: batched, left-padded, on a full (unsharded) copy of the policy; each
+prompt is prefilled once for its n samples (:mod:`mmrl.rollout.sampler`).
 
 Two ways to hold the weights, chosen by the hybrid worker:
 
@@ -18,10 +19,10 @@ from typing import Any
 import torch
 
 from mmrl.config import Config
-from mmrl.models.encoding import EncodedPrompt, collate, vision_token_ids
+from mmrl.models.encoding import EncodedPrompt, vision_token_ids
 from mmrl.models.loading import load_model
-from mmrl.models.logprobs import gather_logprobs_entropy, policy_log_softmax
 from mmrl.rollout.base import RolloutOutput, SamplingParams, check_lengths
+from mmrl.rollout.sampler import sample_shared_prefill
 
 
 class HFRolloutEngine:
@@ -90,13 +91,14 @@ class HFRolloutEngine:
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[EncodedPrompt], params: SamplingParams) -> RolloutOutput:
-        """Generate ``params.n`` responses for each prompt (sample rows grouped by prompt)."""
+        """Generate ``params.n`` responses for each prompt (sample rows grouped by prompt).
+
+        Each prompt is prefilled once and its cache shared by its n samples (:mod:`mmrl.rollout.sampler`);
+        ``micro_batch_size`` bounds the samples decoded together.
+        """
         check_lengths(prompts, params.max_new_tokens, self.max_model_len)
-        expanded = [p for p in prompts for _ in range(params.n)]
-        pieces = [
-            self._generate_micro(expanded[i : i + self.micro_batch_size], params)
-            for i in range(0, len(expanded), self.micro_batch_size)
-        ]
+        per_call = max(1, self.micro_batch_size // params.n)
+        pieces = [self._generate_micro(prompts[i : i + per_call], params) for i in range(0, len(prompts), per_call)]
         return RolloutOutput(
             responses=torch.cat([p.responses for p in pieces]),
             response_mask=torch.cat([p.response_mask for p in pieces]),
@@ -105,28 +107,16 @@ class HFRolloutEngine:
         )
 
     def _generate_micro(self, prompts: Sequence[EncodedPrompt], params: SamplingParams) -> RolloutOutput:
-        inputs = {k: v.to(self.device) for k, v in collate(prompts, self.pad_id).items()}
         was_training = self.model.training
         self.model.eval()
-        out = self.model.generate(
-            **inputs,
-            max_new_tokens=params.max_new_tokens,
-            do_sample=not params.greedy,
-            temperature=params.temperature if not params.greedy else None,
-            top_p=params.top_p if not params.greedy else None,
-            top_k=params.top_k if not params.greedy else None,
-            suppress_tokens=self.banned_ids,
-            eos_token_id=self.eos_id,
-            pad_token_id=self.pad_id,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-        self.model.train(was_training)
-        prompt_width = inputs["input_ids"].shape[1]
-        tokens = out.sequences[:, prompt_width:].cpu()
-        temperature = 1.0 if params.greedy else params.temperature
-        log_probs = policy_log_softmax(torch.stack(out.logits, dim=1).cpu(), self.banned_ids, temperature)
-        logp, _ = gather_logprobs_entropy(log_probs, tokens)
+        try:
+            tokens, logp = sample_shared_prefill(
+                self.model, prompts, params.n, max_new_tokens=params.max_new_tokens,
+                temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, greedy=params.greedy,
+                banned_ids=self.banned_ids, eos_id=self.eos_id, pad_id=self.pad_id, device=self.device,
+            )
+        finally:
+            self.model.train(was_training)
         responses, mask = self._pad_after_eos(tokens, params.max_new_tokens)
         logp = torch.nn.functional.pad(logp, (0, params.max_new_tokens - logp.shape[1])) * mask
         texts = self.tokenizer.batch_decode(

@@ -17,6 +17,7 @@ from mmrl.config import ActorConfig
 from mmrl.models.logprobs import response_logprobs
 from mmrl.parallel.sharding import Layout
 from mmrl.protocol import Batch
+from mmrl.workers.micro import micro_batches
 from mmrl.workers.update import AllReduce, DataParallelUpdater
 
 
@@ -26,24 +27,32 @@ class LogProbSpec:
     banned_ids: Sequence[int]
     temperature: float
     micro_batch_size: int
+    max_tokens_per_micro: int = 0
+    share_prompt: bool = False
 
 
 def batched_logprobs(
-    policy: torch.nn.Module, batch: Batch, spec: LogProbSpec, device: torch.device, with_entropy: bool
+    policy: torch.nn.Module,
+    batch: Batch,
+    spec: LogProbSpec,
+    device: torch.device,
+    with_entropy: bool,
+    all_reduce: AllReduce | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """No-grad log-probs and entropy (each (B, R)) of ``batch['responses']``, micro-batch by micro-batch.
 
-    policy: a (possibly sharded) :class:`~mmrl.models.forward.PolicyForward`.
+    policy: a (possibly sharded) :class:`~mmrl.models.forward.PolicyForward`. ``all_reduce`` (a sum over
+    ranks) keeps the micro-batch count equal on all ranks under a token budget.
     """
     batch.require("prompt", "responses", "response_mask")
     logps, entropies = [], []
     with torch.no_grad():
-        for start in range(0, len(batch), spec.micro_batch_size):
-            micro = batch.slice(start, start + spec.micro_batch_size)
+        for micro in micro_batches(batch, spec.micro_batch_size, spec.max_tokens_per_micro, spec.share_prompt,
+                                   all_reduce):
             logp, ent = response_logprobs(
                 policy, micro["prompt"], micro["responses"], micro["response_mask"],
                 pad_token_id=spec.pad_token_id, banned_ids=spec.banned_ids,
-                temperature=spec.temperature, device=device,
+                temperature=spec.temperature, device=device, share_prompt=spec.share_prompt,
             )
             logps.append(logp.cpu())
             entropies.append(ent.cpu() if with_entropy else torch.zeros_like(logp).cpu())
@@ -76,6 +85,7 @@ class PolicyUpdater(DataParallelUpdater):
     ) -> None:
         super().__init__(layout, cfg, device, all_reduce)
         self.loss_fn, self.spec = loss_fn, spec
+        self.share_prompt = spec.share_prompt
 
     def update(self, batch: Batch) -> dict[str, float]:
         """batch: responses, response_mask, old_log_probs, advantages (and ref_log_probs with KL loss)."""
@@ -92,7 +102,7 @@ class PolicyUpdater(DataParallelUpdater):
         logp, entropy = response_logprobs(
             self.layout.root, micro["prompt"], micro["responses"], micro["response_mask"],
             pad_token_id=self.spec.pad_token_id, banned_ids=self.spec.banned_ids,
-            temperature=self.spec.temperature, device=dev,
+            temperature=self.spec.temperature, device=dev, share_prompt=self.share_prompt,
         )
         # On-policy (old_log_probs=update) the ratio's denominator is this forward's own log-probs, detached.
         old = micro["old_log_probs"].to(dev) if "old_log_probs" in micro.tensors else logp.detach()

@@ -67,6 +67,8 @@ class ActorRolloutRefWorker(CheckpointedWorker):
             banned_ids=vision_token_ids(tokenizer),
             temperature=cfg.rollout.temperature,
             micro_batch_size=cfg.actor.micro_batch_size,
+            max_tokens_per_micro=cfg.actor.max_tokens_per_micro,
+            share_prompt=cfg.actor.share_prompt and cfg.model.attn_implementation != "flash_attention_2",
         )
         self.updater = PolicyUpdater(
             self.actor, cfg.actor, policy_loss(cfg), self.spec, self.device, self.all_reduce_sum
@@ -109,7 +111,7 @@ class ActorRolloutRefWorker(CheckpointedWorker):
     @register(Dispatch.DP_COMPUTE, fields=SCORED)
     def compute_log_probs(self, batch: Batch) -> Batch:
         """-> old_log_probs (B, R) and entropy (B, R) under the current policy."""
-        logp, entropy = batched_logprobs(self.actor.root, batch, self.spec, self.device, with_entropy=True)
+        logp, entropy = batched_logprobs(self.actor.root, batch, self.spec, self.device, True, self.all_reduce_sum)
         return Batch(tensors={"old_log_probs": logp, "entropy": entropy})
 
     @register(Dispatch.DP_COMPUTE, fields=SCORED)
@@ -117,7 +119,7 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         """-> ref_log_probs (B, R) under the frozen reference policy."""
         if self.reference is None:
             raise RuntimeError("no reference policy was loaded: set actor.use_kl_loss=true to use one")
-        logp, _ = batched_logprobs(self.reference.root, batch, self.spec, self.device, with_entropy=False)
+        logp, _ = batched_logprobs(self.reference.root, batch, self.spec, self.device, False, self.all_reduce_sum)
         return Batch(tensors={"ref_log_probs": logp})
 
     @register(Dispatch.DP_COMPUTE, fields=(*SCORED, "advantages"), optional=("old_log_probs", "ref_log_probs"))

@@ -20,6 +20,7 @@ from mmrl.config import UpdateConfig
 from mmrl.parallel.grads import clip_grad_norm, sum_replicated_grads
 from mmrl.parallel.sharding import Layout
 from mmrl.protocol import Batch, balanced_sizes
+from mmrl.workers.micro import micro_batches
 
 AllReduce = Callable[[torch.Tensor], torch.Tensor]
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class DataParallelUpdater:
 
     prefix = ""
     normalised: tuple[str, ...] = ()
+    share_prompt = False  # whether the forward packs the samples of a prompt (counts its tokens once)
 
     def __init__(self, layout: Layout, cfg: UpdateConfig, device: torch.device, all_reduce: AllReduce) -> None:
         self.layout, self.cfg, self.device, self.all_reduce = layout, cfg, device, all_reduce
@@ -95,8 +97,8 @@ class DataParallelUpdater:
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}  # this rank's partial sums of each metric; summed over ranks below
         non_finite_losses = 0
-        for start in range(0, len(mini), self.cfg.micro_batch_size):
-            micro = mini.slice(start, start + self.cfg.micro_batch_size)
+        for micro in micro_batches(mini, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro,
+                                   self.share_prompt, self.all_reduce):
             loss, parts = self.micro_loss(micro, denominator)
             loss.backward()
             non_finite_losses += not math.isfinite(float(loss.detach()))

@@ -1,0 +1,209 @@
+"""``make bench-peer`` (and the end of ``make bench``): mmrl against TRL's GRPOTrainer on the same work.
+
+The same random-init tiny model, the same 112x112 images and prompts, the same GRPO work (P prompts x n
+samples x up to T new tokens, temperature 1, no KL, one PPO epoch, one optimizer step per batch, the same
+micro-batch size), one process each side with the same torch threads. A random-init model rarely emits the
+end-of-turn token, so nearly every response runs to T tokens on both sides (the mean lengths are printed).
+
+Each side runs ``1 + STEPS`` steps; the first is a warm-up and the table gives the median of the rest, split
+into generation, scoring + log-prob passes, and the update. samples/s = P*n / step seconds. TRL is an
+optional dependency: ``make bench-peer`` installs it (``make install`` never does).
+
+    python -m pipelines.bench_peer --config configs/bench_peer.yaml
+    python -m pipelines.bench_peer --config configs/bench_peer.yaml ARGS  # e.g. sizes=16x8x16
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from mlflow.tracking import MlflowClient
+
+from mmrl.config import Config
+from mmrl.tracking import tracking_uri
+from pipelines.cli import parse
+
+OUT = Path("outputs/bench_peer")
+SIZES = ((16, 8, 16), (64, 8, 32))  # prompts x samples x max new tokens; $MMRL_PEER_SIZES="2x2x4 8x4x8" overrides
+STEPS = 3
+
+
+@dataclass
+class SideResult:
+    """Median seconds per measured step, and per phase."""
+
+    step_s: float
+    phases: dict[str, float] = field(default_factory=dict)
+    mean_length: float = 0.0
+
+    def samples_per_s(self, samples: int) -> float:
+        return samples / self.step_s
+
+
+def peer_config(cfg: Config, prompts: int, n: int, tokens: int, threads: int) -> Config:
+    """The mmrl side: GRPO from the random-init model, no KL, on-policy, no evaluation or checkpoints."""
+    cfg = copy.deepcopy(cfg)
+    cfg.model.path = str(OUT / "model")
+    cfg.data.dir = str(OUT / "data")
+    cfg.trainer.init = cfg.model.path
+    cfg.trainer.out_dir = str(OUT / f"mmrl-{prompts}x{n}x{tokens}")
+    cfg.trainer.resume = "never"
+    cfg.trainer.steps = 1 + STEPS
+    cfg.trainer.prompts_per_step = prompts
+    cfg.trainer.eval_every, cfg.trainer.save_every = 0, 0
+    cfg.trainer.val_size = 0
+    cfg.rollout.n, cfg.rollout.max_new_tokens, cfg.rollout.temperature = n, tokens, 1.0
+    cfg.algorithm.name = "grpo"
+    cfg.actor.use_kl_loss = False
+    cfg.actor.ppo_epochs, cfg.actor.num_mini_batches = 1, 1
+    cfg.resources.num_workers, cfg.resources.threads_per_worker = 1, threads
+    cfg.tracking.uri = f"sqlite:///{OUT}/mlflow.db"
+    cfg.validate()
+    return cfg
+
+
+def run_mmrl(cfg: Config) -> SideResult:
+    """``run_rl`` on the config; phases from its ``timing_s/*`` metrics (median over the measured steps)."""
+    from mmrl.trainer.rl import run_rl
+
+    result = run_rl(cfg)
+    client = MlflowClient(tracking_uri(cfg.tracking))
+
+    def median(metric: str) -> float:
+        history = sorted(client.get_metric_history(result["mlflow_run_id"], metric), key=lambda m: m.step)
+        values = [m.value for m in history][1:]  # the first step is the warm-up
+        return statistics.median(values) if values else 0.0
+
+    step = median("timing_s/step")
+    gen = median("timing_s/gen")
+    update = median("timing_s/update_actor")
+    return SideResult(step, {"generate": gen, "score+log-probs": step - gen - update, "update": update},
+                      median("response_length/mean"))
+
+
+def trl_dataset(rows: list[dict[str, Any]]) -> Any:
+    """TRL's conversational format: ``prompt`` (messages with image items), ``image``, ``answer``."""
+    from datasets import Dataset
+    from PIL import Image
+
+    from mmrl.models.encoding import to_chat_content
+
+    records = []
+    for row in rows:
+        if len(row["images"]) != 1:
+            raise ValueError(f"bench-peer: row {row['id']} has {len(row['images'])} images; the peer run uses one")
+        records.append({"prompt": to_chat_content(row["messages"]), "answer": row["answer"],
+                        "image": Image.open(io.BytesIO(row["images"][0])).convert("RGB")})
+    return Dataset.from_list(records)
+
+
+def run_trl(cfg: Config, prompts: int, n: int, tokens: int, threads: int) -> SideResult:
+    """TRL's GRPOTrainer on the same model, data and work; phases timed by wrapping its methods."""
+    try:
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError as err:
+        raise SystemExit("bench-peer: TRL is not installed; `make bench-peer` installs it (pip install trl)") from err
+    from transformers import AutoProcessor, TrainerCallback
+
+    from mmrl.models.encoding import vision_token_ids
+    from mmrl.models.loading import load_model
+    from mmrl.trainer.dataset import load_rows
+    from rewards import answer_match
+
+    torch.set_num_threads(threads)
+    processor = AutoProcessor.from_pretrained(cfg.model.path)
+    model = load_model(cfg.model.path, "float32", cfg.model.attn_implementation, torch.device("cpu"))
+    rows = load_rows(cfg.data.dir, "train", limit=prompts * (1 + STEPS))
+    timing: dict[str, list[float]] = {"generate": [], "generate_and_score": [], "step": [], "length": []}
+
+    def reward(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        return [answer_match(t, a) for t, a in zip(texts, answer)]
+
+    class Timed(GRPOTrainer):
+        def _generate(self, *args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            out = super()._generate(*args, **kwargs)
+            timing["generate"].append(time.perf_counter() - start)
+            return out
+
+        def _generate_and_score_completions(self, *args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            out = super()._generate_and_score_completions(*args, **kwargs)
+            timing["generate_and_score"].append(time.perf_counter() - start)
+            timing["length"].append(float(out["completion_mask"].sum(1).float().mean()))
+            return out
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
+            self.start = time.perf_counter()
+
+        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+            timing["step"].append(time.perf_counter() - self.start)
+
+    micro = min(cfg.actor.micro_batch_size, prompts * n)
+    args = GRPOConfig(
+        output_dir=str(OUT / f"trl-{prompts}x{n}x{tokens}"), use_cpu=True, report_to=[], save_strategy="no",
+        logging_steps=1000, max_steps=1 + STEPS, learning_rate=cfg.actor.lr, seed=cfg.seed,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=prompts * n // micro,
+        num_generations=n, max_completion_length=tokens, temperature=1.0, beta=0.0, num_iterations=1,
+        remove_unused_columns=False, dataloader_num_workers=0, bf16=False, disable_tqdm=True,
+        generation_kwargs={"suppress_tokens": vision_token_ids(processor.tokenizer)},
+    )
+    trainer = Timed(model=model, reward_funcs=[reward], args=args, train_dataset=trl_dataset(rows),
+                    processing_class=processor, callbacks=[StepTimer()])
+    trainer.train()
+    step = statistics.median(timing["step"][1:])
+    gen = statistics.median(timing["generate"][1:])
+    scored = statistics.median(timing["generate_and_score"][1:])
+    return SideResult(step, {"generate": gen, "score+log-probs": scored - gen, "update": step - scored},
+                      statistics.median(timing["length"][1:]))
+
+
+def print_rows(results: list[tuple[tuple[int, int, int], SideResult, SideResult]]) -> None:
+    header = ["work (P x n x T)", "side", "samples/s", "step s", "generate s", "score+log-probs s", "update s",
+              "mean length", "mmrl / TRL"]
+    rows = []
+    for (p, n, t), ours, theirs in results:
+        ratio = ours.samples_per_s(p * n) / theirs.samples_per_s(p * n)
+        for name, side in (("TRL", theirs), ("mmrl", ours)):
+            rows.append([f"{p}x{n}x{t}", name, f"{side.samples_per_s(p * n):.1f}", f"{side.step_s:.3f}",
+                         *(f"{side.phases[k]:.3f}" for k in ("generate", "score+log-probs", "update")),
+                         f"{side.mean_length:.1f}", f"{ratio:.2f}x" if name == "mmrl" else ""])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print(f"\nGRPO step, mmrl vs TRL GRPOTrainer, same model and work; median of {STEPS} steps after a warm-up")
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+
+
+def main(argv: list[str] | None = None) -> list[tuple[tuple[int, int, int], SideResult, SideResult]]:
+    from pipelines.bench import ensure_inputs
+
+    cfg = parse(__doc__, argv)
+    sizes = [tuple(int(x) for x in size.split("x")) for size in os.environ["MMRL_PEER_SIZES"].split()] \
+        if os.environ.get("MMRL_PEER_SIZES") else SIZES
+    threads = cfg.resources.threads_per_worker or torch.get_num_threads()
+    base = peer_config(cfg, *sizes[0], threads)
+    base.data.sizes = {"sft": 8, "train": max(p for p, _, _ in sizes) * (1 + STEPS), "val": 8, "test": 8}
+    ensure_inputs(base)
+    results = []
+    for prompts, n, tokens in sizes:
+        run_cfg = peer_config(base, prompts, n, tokens, threads)
+        theirs = run_trl(run_cfg, prompts, n, tokens, threads)
+        ours = run_mmrl(run_cfg)
+        results.append(((prompts, n, tokens), ours, theirs))
+        print_rows(results)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""The shared-prefill sampler (mmrl.rollout.sampler): greedy tokens equal transformers' ``generate``; the
+log-probs equal the training forward's; top-k / top-p truncation against a plain reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image
+
+from data_prep.schema import Video
+from mmrl.models.encoding import collate, encode_prompt, vision_token_ids
+from mmrl.models.forward import PolicyForward
+from mmrl.models.loading import load_model, load_processor
+from mmrl.models.logprobs import response_logprobs
+from mmrl.rollout.sampler import sample_shared_prefill, truncate
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_dir):
+    torch.manual_seed(0)
+    model, processor = load_model(tiny_model_dir).eval(), load_processor(tiny_model_dir)
+    colours = [(200, 30, 30), (30, 30, 200), (30, 200, 30), (200, 200, 30)]
+    clip = Video([Image.new("RGB", (56, 56), c) for c in colours], [0.0, 0.5, 1.0, 1.5])
+    prompts = [
+        encode_prompt(processor, [{"role": "user", "content": "<image>What colour is the shape?"}],
+                      [Image.new("RGB", (56, 84), colours[0])]),
+        encode_prompt(processor, [{"role": "user", "content": "Name one."}], []),
+        encode_prompt(processor, [{"role": "user", "content": "<image><video>First?"}],
+                      [Image.new("RGB", (56, 56), colours[1])], [clip]),
+    ]
+    return model, processor, prompts
+
+
+def run(model, processor, prompts, n, greedy, tokens=8, **kw):
+    tok = processor.tokenizer
+    args = {"max_new_tokens": tokens, "temperature": 0.8, "top_p": 1.0, "top_k": 0, "greedy": greedy,
+            "banned_ids": vision_token_ids(tok), "eos_id": tok.eos_token_id, "pad_id": tok.pad_token_id,
+            "device": CPU} | kw
+    return sample_shared_prefill(model, prompts, n, **args)
+
+
+def test_greedy_tokens_equal_transformers_generate(setup):
+    """Left padding, an image, text only, and image + video: the same greedy tokens as ``generate``."""
+    model, processor, prompts = setup
+    tok = processor.tokenizer
+    tokens, _ = run(model, processor, prompts, 2, greedy=True)
+    inputs = collate(prompts, tok.pad_token_id)
+    out = model.generate(**inputs, max_new_tokens=tokens.shape[1], do_sample=False, suppress_tokens=vision_token_ids(tok),
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    expected = out[:, inputs["input_ids"].shape[1]:]
+    assert torch.equal(tokens[0::2], expected) and torch.equal(tokens[1::2], expected)
+
+
+def test_sampled_log_probs_equal_the_training_forward(setup):
+    """Sampled rows: the sampler's log-probs (temperature 0.8) equal the packed and the plain training forward's
+    within 1e-5; padding after eos is zero."""
+    model, processor, prompts = setup
+    torch.manual_seed(3)
+    tokens, logp = run(model, processor, prompts, 3, greedy=False)
+    rows = [p for p in prompts for _ in range(3)]
+    tok = processor.tokenizer
+    is_eos = tokens == tok.eos_token_id
+    mask = ((torch.cumsum(is_eos.long(), 1) - is_eos.long()) == 0).float()
+    for share in (False, True):
+        expected, _ = response_logprobs(PolicyForward(model), rows, tokens, mask, pad_token_id=tok.pad_token_id,
+                                        banned_ids=vision_token_ids(tok), temperature=0.8, device=CPU,
+                                        share_prompt=share)
+        torch.testing.assert_close(logp * mask, expected.detach(), atol=1e-5, rtol=1e-5)
+    assert (logp[mask == 0] == 0).all()
+
+
+def test_truncation_against_a_plain_reference():
+    torch.manual_seed(0)
+    logp = torch.log_softmax(torch.randn(5, 12), -1)
+    logp[0, 3] = float("-inf")  # a banned token stays banned
+    for top_k, top_p in ((0, 1.0), (3, 1.0), (0, 0.7), (4, 0.5), (1, 1.0), (0, 1e-6)):
+        got = truncate(logp, top_k, top_p)
+        for row in range(5):
+            order = sorted(range(12), key=lambda i: -float(logp[row, i]))
+            keep = set(order[:top_k]) if top_k else set(order)
+            total, nucleus = 0.0, set()
+            for i in order:
+                if total >= top_p:
+                    break
+                nucleus.add(i)
+                total += float(logp[row, i].exp())
+            kept = keep & nucleus
+            for i in range(12):
+                expected = logp[row, i] if i in kept else float("-inf")
+                assert float(got[row, i]) == float(expected), (top_k, top_p, row, i)
