@@ -161,6 +161,8 @@ def run_trl(cfg: Config, prompts: int, n: int, tokens: int, threads: int) -> Sid
     trainer = Timed(model=model, reward_funcs=[reward], args=args, train_dataset=trl_dataset(rows),
                     processing_class=processor, callbacks=[StepTimer()])
     trainer.train()
+    if len(timing["step"]) < 2:
+        raise RuntimeError(f"bench-peer: TRL ran {len(timing['step'])} steps, expected {1 + STEPS}")
     step = statistics.median(timing["step"][1:])
     gen = statistics.median(timing["generate"][1:])
     scored = statistics.median(timing["generate_and_score"][1:])
@@ -186,7 +188,10 @@ def print_rows(results: list[tuple[tuple[int, int, int], SideResult, SideResult]
 
 
 def main(argv: list[str] | None = None) -> list[tuple[tuple[int, int, int], SideResult, SideResult]]:
-    from pipelines.bench import ensure_inputs
+    from data_prep.schema import write_parquet
+    from data_prep.synthetic import build_splits
+    from mmrl.models.tiny import build_tiny_vlm
+    from pipelines.model import task_corpus
 
     cfg = parse(__doc__, argv)
     sizes = [tuple(int(x) for x in size.split("x")) for size in os.environ["MMRL_PEER_SIZES"].split()] \
@@ -194,7 +199,12 @@ def main(argv: list[str] | None = None) -> list[tuple[tuple[int, int, int], Side
     threads = cfg.resources.threads_per_worker or torch.get_num_threads()
     base = peer_config(cfg, *sizes[0], threads)
     base.data.sizes = {"sft": 8, "train": max(p for p, _, _ in sizes) * (1 + STEPS), "val": 8, "test": 8}
-    ensure_inputs(base)
+    if not (Path(base.model.path) / "config.json").is_file():
+        build_tiny_vlm(task_corpus(base), base.tiny_model, base.model.path, base.seed)
+    # The data always: a cheap step, and the sizes depend on the work sizes.
+    for split, rows in build_splits(base.data.tasks, base.data.sizes, base.seed, base.data.image_size,
+                                    base.data.max_count).items():
+        write_parquet(rows, Path(base.data.dir) / f"{split}.parquet")
     results = []
     for prompts, n, tokens in sizes:
         run_cfg = peer_config(base, prompts, n, tokens, threads)
