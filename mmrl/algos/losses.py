@@ -3,11 +3,17 @@
 Aggregation (``loss_agg_mode``) follows verl's names:
 - ``token-mean``: sum over all valid tokens / number of valid tokens;
 - ``seq-mean-token-sum``: per-sequence token sums, averaged over sequences;
-- ``seq-mean-token-mean``: per-sequence token means, averaged over sequences.
+- ``seq-mean-token-mean``: per-sequence token means, averaged over sequences;
+- ``seq-mean-token-sum-norm`` (Dr. GRPO): per-sequence token sums, averaged over sequences and divided by
+  a constant ``horizon`` (the maximum response length), so that no sequence's length scales its tokens.
 A ``denominator`` replaces the local count (tokens or sequences), so that several micro-batches or
 data-parallel ranks add up to the mean over the whole mini-batch.
 
-``POLICY_LOSSES`` maps ``actor.policy_loss`` names to functions of one signature (:class:`PolicyLoss`).
+Policy losses: PPO's clipped surrogate (asymmetric clip-higher with ``clip_low != clip_high``, and dual-clip
+with ``clip_ratio_c``), GSPO (sequence-level ratio), SPPO (squared log-ratio regression onto win rates) and
+VAPO's positive-example LM loss. ``POLICY_LOSSES`` maps ``actor.policy_loss`` names to functions of one
+signature (:class:`PolicyLoss`); losses that need other inputs than advantages (SPPO, the LM loss) are
+plain functions only.
 """
 
 from __future__ import annotations
@@ -19,11 +25,19 @@ import torch
 from mmrl.config import ActorConfig
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, denominator: float | None = None) -> torch.Tensor:
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    denominator: float | None = None,
+    horizon: float | None = None,
+) -> torch.Tensor:
     """values, mask (B, R) -> scalar.
 
     ``denominator`` replaces the local count (valid tokens for token-mean, sequences otherwise), so that
-    partial sums over micro-batches and ranks add up to the global mean.
+    partial sums over micro-batches and ranks add up to the global mean. ``horizon`` is the constant
+    normaliser of ``seq-mean-token-sum-norm`` (default ``R = mask.shape[-1]``; pass the maximum response
+    length so that micro-batches padded to different widths agree); the other modes ignore it.
     """
     if mode == "token-mean":
         count = denominator if denominator is not None else mask.sum().clamp(min=1)
@@ -32,8 +46,16 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, denominator: 
         per_seq = (values * mask).sum(-1)
     elif mode == "seq-mean-token-mean":
         per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    elif mode == "seq-mean-token-sum-norm":
+        horizon = mask.shape[-1] if horizon is None else horizon
+        if horizon <= 0:
+            raise ValueError(f"horizon must be > 0, got {horizon}")
+        per_seq = (values * mask).sum(-1) / horizon
     else:
-        raise ValueError(f"unknown loss_agg_mode {mode!r}; allowed: token-mean, seq-mean-token-sum, seq-mean-token-mean")
+        raise ValueError(
+            f"unknown loss_agg_mode {mode!r}; allowed: token-mean, seq-mean-token-sum, seq-mean-token-mean, "
+            "seq-mean-token-sum-norm"
+        )
     count = denominator if denominator is not None else per_seq.shape[0]
     return per_seq.sum() / count
 
@@ -48,23 +70,142 @@ def ppo_clip_loss(
     clip_high: float,
     agg_mode: str = "token-mean",
     denominator: float | None = None,
+    clip_ratio_c: float | None = None,
+    horizon: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped surrogate, ``-min(ratio * A, clip(ratio, 1-low, 1+high) * A)``, aggregated.
 
-    logp, old_logp, advantages, mask: (B, R). Returns the loss and metrics: ``pg_clipfrac`` (share of
-    valid tokens where the clipped term was taken) and ``ppo_kl`` (mean of old_logp - logp).
+    logp, old_logp, advantages, mask: (B, R). ``clip_low != clip_high`` gives DAPO's asymmetric clip-higher.
+    With ``clip_ratio_c`` (> 1, dual-clip PPO) a negative-advantage token's loss is further capped at
+    ``-A * clip_ratio_c``, so that a very large ratio cannot push its loss (and gradient) without bound;
+    positive-advantage tokens are unchanged. ``denominator`` and ``horizon`` as in :func:`aggregate`.
+    Returns the loss and metrics: ``pg_clipfrac`` (share of valid tokens where the clipped term was taken),
+    ``ppo_kl`` (mean of old_logp - logp) and, with ``clip_ratio_c``, ``pg_clipfrac_lower`` (share of valid
+    tokens where the dual-clip cap was taken).
     """
+    if clip_ratio_c is not None and not clip_ratio_c > 1:
+        raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
     log_ratio = logp - old_logp
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
     per_token = torch.maximum(unclipped, clipped)
-    loss = aggregate(per_token, mask, agg_mode, denominator)
+    if clip_ratio_c is not None:
+        cap = -advantages * clip_ratio_c
+        negative = advantages < 0
+        capped = negative & (per_token > cap)
+        per_token = torch.where(negative, torch.minimum(per_token, cap), per_token)
+    loss = aggregate(per_token, mask, agg_mode, denominator, horizon)
     valid = mask.sum().clamp(min=1)
     with torch.no_grad():
         metrics = {
             "pg_clipfrac": float(((clipped > unclipped).float() * mask).sum() / valid),
             "ppo_kl": float((-log_ratio * mask).sum() / valid),
+        }
+        if clip_ratio_c is not None:
+            metrics["pg_clipfrac_lower"] = float((capped.float() * mask).sum() / valid)
+    return loss, metrics
+
+
+def gspo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    agg_mode: str = "seq-mean-token-mean",
+    denominator: float | None = None,
+    horizon: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO (GSPO-token form): PPO's clipped surrogate on a sequence-level importance ratio, aggregated.
+
+    logp, old_logp, advantages, mask: (B, R). ``s_i = exp(mean over row i's valid tokens of
+    (logp - old_logp))``; the token ratio ``s_it = sg[s_i] * exp(logp_t - sg[logp_t])`` has the value
+    ``s_i`` and the gradient ``s_i * d logp_t`` (sg: stop-gradient), so per-token advantages weight each
+    token's gradient. Per token: ``max(-A * s_it, -A * clip(s_it, 1-low, 1+high))``. Being a ratio of
+    length-normalised likelihoods, ``s_i`` stays near 1: the clip range is narrow, typically
+    ``clip_low=3e-4, clip_high=4e-4``. ``denominator`` and ``horizon`` as in :func:`aggregate`. Metrics:
+    ``pg_clipfrac`` (share of valid tokens clipped, i.e. of tokens in clipped sequences when the advantage
+    is constant along the row) and ``ppo_kl`` (mean of old_logp - logp over valid tokens).
+    """
+    log_ratio = logp - old_logp
+    seq_log_ratio = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+    ratio = torch.exp(seq_log_ratio.detach() + logp - logp.detach())
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    loss = aggregate(per_token, mask, agg_mode, denominator, horizon)
+    valid = mask.sum().clamp(min=1)
+    with torch.no_grad():
+        metrics = {
+            "pg_clipfrac": float(((clipped > unclipped).float() * mask).sum() / valid),
+            "ppo_kl": float((-log_ratio * mask).sum() / valid),
+        }
+    return loss, metrics
+
+
+def sppo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    win_rates: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eta: float,
+    denominator: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """SPPO: regress each sequence's log-ratio on its centred win rate, ``(log_ratio_i - eta (P_i - 1/2))^2``.
+
+    logp, old_logp, mask: (B, R); win_rates: (B,), the estimated probability that sample i beats the
+    policy. ``log_ratio_i`` sums ``logp - old_logp`` over row i's valid tokens. Loss: sum over sequences /
+    (B, or ``denominator``). Metrics, as means over valid tokens (a sequence weighs by its length):
+    ``sppo_log_ratio`` (of log_ratio_i), ``sppo_target`` (of eta (P_i - 1/2)) and ``ppo_kl`` (of
+    old_logp - logp).
+    """
+    if win_rates.shape != logp.shape[:1]:
+        raise ValueError(f"win_rates must have shape ({logp.shape[0]},), got {tuple(win_rates.shape)}")
+    log_ratio = ((logp - old_logp) * mask).sum(-1)
+    target = eta * (win_rates - 0.5)
+    per_seq = (log_ratio - target).square()
+    count = denominator if denominator is not None else per_seq.shape[0]
+    loss = per_seq.sum() / count
+    lengths = mask.sum(-1)
+    valid = lengths.sum().clamp(min=1)
+    with torch.no_grad():
+        metrics = {
+            "sppo_log_ratio": float((log_ratio * lengths).sum() / valid),
+            "sppo_target": float((target * lengths).sum() / valid),
+            "ppo_kl": float((-log_ratio).sum() / valid),
+        }
+    return loss, metrics
+
+
+def positive_lm_loss(
+    logp: torch.Tensor,
+    mask: torch.Tensor,
+    positive: torch.Tensor,
+    denominator: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """VAPO's positive-example LM loss: the NLL of the tokens of positive (correct) samples only.
+
+    logp, mask: (B, R); positive: (B,) bool. Token-mean over the positive samples' valid tokens, or
+    divided by ``denominator`` (the global count of such tokens) when given; with no positive sample a
+    zero that still carries ``logp``'s graph. Metrics, as means over all valid tokens: ``positive_token_frac``
+    (share of tokens in positive samples) and ``positive_nll`` (-logp on those tokens, 0 elsewhere; divided
+    by ``positive_token_frac`` it gives the NLL per positive token).
+    """
+    if positive.shape != logp.shape[:1]:
+        raise ValueError(f"positive must have shape ({logp.shape[0]},), got {tuple(positive.shape)}")
+    selected = mask * positive.to(mask.dtype).unsqueeze(-1)
+    nll = -logp * selected
+    count = denominator if denominator is not None else selected.sum().clamp(min=1)
+    loss = nll.sum() / count
+    valid = mask.sum().clamp(min=1)
+    with torch.no_grad():
+        metrics = {
+            "positive_token_frac": float(selected.sum() / valid),
+            "positive_nll": float(nll.sum() / valid),
         }
     return loss, metrics
 
@@ -105,7 +246,7 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> to
     """Per-token estimate of KL(policy || reference) from sampled tokens; (B, R) -> (B, R).
 
     k1: ``logp - ref``; k2: ``0.5 (logp - ref)^2``; k3 / low_var_kl: ``exp(ref - logp) - (ref - logp) - 1``
-    (unbiased, non-negative; low_var_kl also clamps to [-10, 10] for stability).
+    (unbiased, non-negative; low_var_kl also clamps to [-10, 10] for stability); abs: ``|logp - ref|``.
     """
     diff = logp - ref_logp
     if estimator == "k1":
@@ -118,7 +259,9 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> to
             neg = neg.clamp(-20, 20)
         kl = torch.exp(neg) - neg - 1
         return kl.clamp(-10, 10) if estimator == "low_var_kl" else kl
-    raise ValueError(f"unknown kl estimator {estimator!r}; allowed: k1, k2, k3, low_var_kl")
+    if estimator == "abs":
+        return diff.abs()
+    raise ValueError(f"unknown kl estimator {estimator!r}; allowed: k1, k2, k3, low_var_kl, abs")
 
 
 class PolicyLoss(Protocol):
@@ -156,6 +299,43 @@ def ppo_clip(
     )
 
 
+def dual_clip(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cfg: ActorConfig,
+    denominator: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """:func:`ppo_clip` plus the dual-clip cap ``actor.clip_ratio_c`` (3.0 when unset); (B, R) inputs."""
+    return ppo_clip_loss(
+        logp, old_logp, advantages, mask, clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high,
+        agg_mode=cfg.loss_agg_mode, denominator=denominator, clip_ratio_c=getattr(cfg, "clip_ratio_c", 3.0),
+    )
+
+
+def gspo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cfg: ActorConfig,
+    denominator: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """:func:`gspo_loss` with ``actor.clip_ratio_low/high`` and ``actor.loss_agg_mode``; (B, R) inputs.
+
+    GSPO's clip range is ~1e-4 wide: set ``clip_ratio_low/high`` accordingly (e.g. 3e-4 / 4e-4).
+    """
+    return gspo_loss(
+        logp, old_logp, advantages, mask, clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high,
+        agg_mode=cfg.loss_agg_mode, denominator=denominator,
+    )
+
+
 POLICY_LOSSES: dict[str, PolicyLoss] = {
     "ppo_clip": ppo_clip,
+    "dual_clip": dual_clip,
+    "gspo": gspo,
 }
