@@ -231,7 +231,12 @@ class UpdateConfig:
     costs its real response length, plus its prompt's length the first time the prompt appears in the
     micro-batch (with ``share_prompt``; every time without). A row over the budget forms its own micro-batch.
     All ranks take the largest micro-batch count any rank needs, so that sharded forwards stay in step."""
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                           "seq-mean-token-sum-norm"] = "token-mean"
+    """How per-token losses become one: verl's names; seq-mean-token-sum-norm is Dr. GRPO's (token sums over
+    sequences, divided by the number of sequences x a constant, ``loss_horizon``)."""
+    loss_horizon: int = num(0, ge=0)
+    """The constant of seq-mean-token-sum-norm; 0: rollout.max_new_tokens."""
     vision: VisionPartConfig = field(default_factory=VisionPartConfig)
     """Layout of the vision encoder (for the actor: of the reference too, which follows the actor)."""
     llm: PartConfig = field(default_factory=PartConfig)
@@ -250,7 +255,14 @@ class ActorConfig(UpdateConfig):
     use_kl_loss: bool = False
     """Add a KL(policy || reference) penalty to the loss (needs the reference policy)."""
     kl_loss_coef: float = num(0.001, ge=0)
-    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "k3"
+    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl", "abs"] = "k3"
+    clip_ratio_c: float = num(3.0, gt=1)
+    """Dual-clip PPO (policy_loss=dual_clip): the bound on the loss of negative-advantage tokens, ``-A * c``."""
+    positive_lm_coef: float = num(0.0, ge=0)
+    """VAPO's positive-example LM loss: weight of the NLL of the verified-correct samples' tokens, summed and
+    divided by the policy loss's denominator (0: off)."""
+    sppo_eta: float = num(1.0, gt=0)
+    """SPPO: the scale of the target ``eta * (win rate - 1/2)`` the sequence log-ratio is pushed to."""
     share_prompt: bool = True
     """Score the samples of a prompt in one packed sequence that holds the prompt once (its media and its
     tokens run once, not n times; :mod:`mmrl.models.packing`). Needs sdpa or eager attention: with
@@ -278,15 +290,40 @@ class CriticConfig(UpdateConfig):
 @dataclass(kw_only=True)
 class AlgorithmConfig:
     name: str = "grpo"
-    """The RL algorithm by name (see ``mmrl.algos.ALGORITHMS``): grpo, rloo, ppo."""
+    """The RL algorithm by name (see ``mmrl.algos.ALGORITHMS``): grpo, dr_grpo, rloo, ppo, reinforce_plus_plus,
+    reinforce_plus_plus_baseline, remax, dapo, gspo, vapo, pf_ppo, sppo."""
     norm_adv_by_std: bool = True
-    """GRPO: divide by the group's standard deviation (False gives Dr. GRPO)."""
+    """GRPO: divide by the group's standard deviation (False gives Dr. GRPO's estimator)."""
     epsilon: float = num(1e-6, gt=0)
     """Added to the group's standard deviation before dividing by it."""
     gamma: float = num(1.0, ge=0, le=1)
-    """GAE discount (ppo)."""
+    """Discount of token-level returns (ppo, vapo, pf_ppo, reinforce_plus_plus)."""
     lam: float = num(1.0, ge=0, le=1)
-    """GAE lambda (ppo)."""
+    """GAE lambda (ppo, pf_ppo)."""
+    use_kl_in_reward: bool = False
+    """Subtract ``kl_coef`` x a per-token KL(policy || reference) estimate from the token rewards before the
+    advantages (REINFORCE++, PPO-style RLHF); needs the reference policy and a separate old-log-prob pass."""
+    kl_penalty: Literal["k1", "k2", "k3", "low_var_kl", "abs"] = "k1"
+    """The KL estimator of the reward penalty."""
+    kl_ctrl: Literal["fixed", "adaptive"] = "fixed"
+    """fixed: ``kl_coef`` throughout; adaptive: moved each step towards ``kl_target`` over ``kl_horizon`` samples."""
+    kl_coef: float = num(0.001, ge=0)
+    """The reward penalty's coefficient (the adaptive controller's start)."""
+    kl_target: float = num(0.1, gt=0)
+    kl_horizon: int = num(10000, ge=1)
+    max_gen_rounds: int = num(4, ge=1)
+    """Dynamic sampling (dapo): generation rounds a step may take to fill its batch with groups whose rewards
+    differ; past it the step fails with an error that says what to change."""
+    critic_warmup_steps: int = num(0, ge=0)
+    """Value pre-training (vapo): the first steps train the critic only, the actor waits."""
+    lam_critic: float = num(1.0, ge=0, le=1)
+    """vapo: GAE lambda of the critic's targets (decoupled from the actor's)."""
+    lam_alpha: float = num(0.05, gt=0)
+    """vapo: the actor's length-adaptive lambda, ``1 - 1 / (lam_alpha * response length)``."""
+    filter_mode: Literal["best_k", "best_and_worst", "random"] = "best_k"
+    """pf_ppo: which responses of each group the update keeps."""
+    filter_k: int = num(4, ge=1)
+    """pf_ppo: responses kept per group (best_k, random)."""
 
 
 @dataclass(kw_only=True)
@@ -489,6 +526,15 @@ class Config:
                     f"{mini} mini-batches on each of resources.num_workers={self.resources.num_workers} workers; "
                     f"lower {section}.num_mini_batches"
                 )
+        for section in (self.actor, self.critic):
+            if section.loss_horizon == 0:  # seq-mean-token-sum-norm's constant: the longest response
+                section.loss_horizon = self.rollout.max_new_tokens
+        if (self.actor.policy_loss or algorithm.policy_loss) == "sppo" and self.actor.loss_agg_mode == "token-mean":
+            raise ConfigError("the sppo policy loss is one square per sequence: set actor.loss_agg_mode to a "
+                              "sequence mode (seq-mean-token-mean), not token-mean")
+        if self.algorithm.critic_warmup_steps and not algorithm.needs_critic:
+            raise ConfigError(f"algorithm.critic_warmup_steps={self.algorithm.critic_warmup_steps}: "
+                              f"{self.algorithm.name} trains no critic; use ppo, pf_ppo or vapo, or set it to 0")
         if self.actor.old_log_probs == "rollout" and (self.rollout.top_p < 1 or self.rollout.top_k > 0):
             raise ConfigError("actor.old_log_probs=rollout needs rollout.top_p=1 and rollout.top_k=0: with a "
                               "truncated distribution the engine's log-probs are not the policy's")

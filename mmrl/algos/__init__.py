@@ -21,16 +21,33 @@ A new policy loss is one function in :mod:`mmrl.algos.losses` plus one entry in 
 from __future__ import annotations
 
 from mmrl.algos.base import Algorithm, OutcomeAlgorithm
+from mmrl.algos.dapo import DAPO
+from mmrl.algos.dr_grpo import DrGRPO
 from mmrl.algos.grpo import GRPO
+from mmrl.algos.gspo import GSPO
 from mmrl.algos.losses import POLICY_LOSSES, PolicyLoss
+from mmrl.algos.pf_ppo import PFPPO
 from mmrl.algos.ppo import PPO
+from mmrl.algos.reinforce_pp import ReinforcePP, ReinforcePPBaseline
+from mmrl.algos.remax import ReMax
 from mmrl.algos.rloo import RLOO
+from mmrl.algos.sppo import SPPO
+from mmrl.algos.vapo import VAPO
 from mmrl.config import Config
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     "grpo": GRPO,
+    "dr_grpo": DrGRPO,
     "rloo": RLOO,
     "ppo": PPO,
+    "reinforce_plus_plus": ReinforcePP,
+    "reinforce_plus_plus_baseline": ReinforcePPBaseline,
+    "remax": ReMax,
+    "dapo": DAPO,
+    "gspo": GSPO,
+    "vapo": VAPO,
+    "pf_ppo": PFPPO,
+    "sppo": SPPO,
 }
 
 
@@ -40,8 +57,9 @@ def build_algorithm(cfg: Config) -> Algorithm:
 
 
 def needs_reference(cfg: Config) -> bool:
-    """Whether the run needs the reference policy: a KL loss, or an algorithm that declares it."""
-    return cfg.actor.use_kl_loss or ALGORITHMS[cfg.algorithm.name].needs_reference
+    """Whether the run needs the reference policy: a KL loss or KL penalty in the reward, or an algorithm that
+    declares it."""
+    return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward or ALGORITHMS[cfg.algorithm.name].needs_reference
 
 
 def policy_loss(cfg: Config) -> PolicyLoss:

@@ -31,6 +31,11 @@ class Algorithm:
     """``outcome``: one scalar per response (the sum of its token rewards); ``token``: per-token rewards."""
     policy_loss: ClassVar[str] = "ppo_clip"
     """The default policy loss, a key of :data:`mmrl.algos.losses.POLICY_LOSSES` (``actor.policy_loss`` overrides it)."""
+    dynamic_sampling: ClassVar[bool] = False
+    """:meth:`filter` drops whole groups, and the trainer generates more rounds (up to
+    ``algorithm.max_gen_rounds``) until ``trainer.prompts_per_step`` groups are kept (DAPO)."""
+    greedy_baseline: ClassVar[bool] = False
+    """The advantages need ``baseline_scores`` (B,): the reward of a greedy response to the same prompt (ReMax)."""
 
     def __init__(self, cfg: AlgorithmConfig) -> None:
         self.cfg = cfg

@@ -1,4 +1,4 @@
-"""Response filters and outcome shaping run before the update.
+"""Response filters (and the win rates SPPO compares samples by), run before the update.
 
 Each filter returns a bool keep-mask (B,) over the samples; ``uids`` are the B group ids (the samples
 of one prompt share one).
@@ -88,17 +88,3 @@ def group_win_rates(scores: torch.Tensor, uids: Sequence[str]) -> torch.Tensor:
         wins = (s[:, None] > s[None, :]).float() + 0.5 * (s[:, None] == s[None, :]).float()
         rates[idx] = (wins.sum(-1) - 0.5) / (len(members) - 1)
     return rates
-
-
-def overlong_shaping(
-    lengths: torch.Tensor, max_length: int, buffer: int, penalty_factor: float
-) -> torch.Tensor:
-    """DAPO's soft overlong punishment: response lengths (B,) int -> reward offsets (B,) float.
-
-    0 up to ``max_length - buffer`` tokens, then falling linearly to ``-penalty_factor`` at
-    ``max_length``, and ``-penalty_factor`` beyond.
-    """
-    if not 0 < buffer <= max_length:
-        raise ValueError(f"overlong buffer must satisfy 0 < buffer <= max_length={max_length}, got {buffer}")
-    excess = (lengths.float() - (max_length - buffer)) / buffer
-    return -penalty_factor * excess.clamp(0.0, 1.0)

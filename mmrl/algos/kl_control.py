@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from mmrl.algos.losses import kl_penalty
+from mmrl.config import AlgorithmConfig
 
 
 @torch.no_grad()
@@ -60,3 +61,10 @@ class AdaptiveKLController:
         """Adapt after ``n_steps`` samples (or steps) whose mean KL was ``current_kl``."""
         error = min(max(current_kl / self.target_kl - 1, -0.2), 0.2)
         self.value *= 1 + error * n_steps / self.horizon
+
+
+def build_kl_controller(cfg: AlgorithmConfig) -> FixedKLController | AdaptiveKLController:
+    """The reward penalty's controller: ``algorithm.kl_ctrl`` fixed at ``kl_coef``, or adaptive from it."""
+    if cfg.kl_ctrl == "adaptive":
+        return AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
+    return FixedKLController(cfg.kl_coef)

@@ -219,6 +219,7 @@ def value_loss(
     clip_range: float,
     agg_mode: str = "token-mean",
     denominator: float | None = None,
+    horizon: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped value loss, ``0.5 * max((V - R)^2, (V_clip - R)^2)`` per token, aggregated.
 
@@ -232,7 +233,7 @@ def value_loss(
     unclipped_sq = (values - returns).square()
     clipped_sq = (clipped_values - returns).square()
     per_token = 0.5 * torch.maximum(unclipped_sq, clipped_sq)
-    loss = aggregate(per_token, mask, agg_mode, denominator)
+    loss = aggregate(per_token, mask, agg_mode, denominator, horizon)
     valid = mask.sum().clamp(min=1)
     with torch.no_grad():
         metrics = {
@@ -295,7 +296,7 @@ def ppo_clip(
     """:func:`ppo_clip_loss` with ``actor.clip_ratio_low/high`` and ``actor.loss_agg_mode``; (B, R) inputs."""
     return ppo_clip_loss(
         logp, old_logp, advantages, mask, clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high,
-        agg_mode=cfg.loss_agg_mode, denominator=denominator,
+        agg_mode=cfg.loss_agg_mode, denominator=denominator, horizon=cfg.loss_horizon or None,
     )
 
 
@@ -308,10 +309,11 @@ def dual_clip(
     cfg: ActorConfig,
     denominator: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """:func:`ppo_clip` plus the dual-clip cap ``actor.clip_ratio_c`` (3.0 when unset); (B, R) inputs."""
+    """:func:`ppo_clip` plus the dual-clip cap ``actor.clip_ratio_c``; (B, R) inputs."""
     return ppo_clip_loss(
         logp, old_logp, advantages, mask, clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high,
-        agg_mode=cfg.loss_agg_mode, denominator=denominator, clip_ratio_c=getattr(cfg, "clip_ratio_c", 3.0),
+        agg_mode=cfg.loss_agg_mode, denominator=denominator, clip_ratio_c=cfg.clip_ratio_c,
+        horizon=cfg.loss_horizon or None,
     )
 
 
@@ -330,12 +332,29 @@ def gspo(
     """
     return gspo_loss(
         logp, old_logp, advantages, mask, clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high,
-        agg_mode=cfg.loss_agg_mode, denominator=denominator,
+        agg_mode=cfg.loss_agg_mode, denominator=denominator, horizon=cfg.loss_horizon or None,
     )
+
+
+def sppo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cfg: ActorConfig,
+    denominator: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """:func:`sppo_loss` for the SPPO algorithm, whose advantage is each sample's win rate minus one half,
+    the same on every token (:mod:`mmrl.algos.sppo`); ``actor.sppo_eta``; (B, R) inputs, ``denominator``
+    a sequence count (any ``loss_agg_mode`` other than token-mean)."""
+    win_rates = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1) + 0.5
+    return sppo_loss(logp, old_logp, win_rates, mask, eta=cfg.sppo_eta, denominator=denominator)
 
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {
     "ppo_clip": ppo_clip,
     "dual_clip": dual_clip,
     "gspo": gspo,
+    "sppo": sppo,
 }

@@ -7,11 +7,14 @@ group-baseline variant first centres each response's score on the mean of its pr
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 
+from mmrl.algos.base import Algorithm, RewardLevel
 from mmrl.algos.groups import group_stats
 from mmrl.algos.masked import masked_whiten
+from mmrl.protocol import Batch
 
 
 @torch.no_grad()
@@ -60,3 +63,28 @@ def reinforce_pp_baseline_advantages(
     centred = torch.where(count > 1, scores - mean, torch.zeros_like(scores))
     returns = centred.unsqueeze(-1) * mask
     return masked_whiten(returns, mask), returns
+
+
+class ReinforcePP(Algorithm):
+    """REINFORCE++ (Hu, 2025): no critic; token-level returns of the rewards (with the KL penalty in them,
+    ``algorithm.use_kl_in_reward=true`` in configs/reinforce_plus_plus.yaml), whitened over the batch."""
+
+    reward_level: ClassVar[RewardLevel] = "token"
+
+    def compute_advantages(self, batch: Batch) -> Batch:
+        batch.require("token_level_rewards", "response_mask")
+        advantages, returns = reinforce_pp_advantages(batch["token_level_rewards"], batch["response_mask"],
+                                                      self.cfg.gamma)
+        return Batch(tensors={"advantages": advantages, "returns": returns})
+
+
+class ReinforcePPBaseline(Algorithm):
+    """REINFORCE++ with a group baseline: each response's reward minus its group's mean, whitened over the batch."""
+
+    min_group_size: ClassVar[int] = 2
+
+    def compute_advantages(self, batch: Batch) -> Batch:
+        batch.require("token_level_rewards", "response_mask", "uid")
+        advantages, returns = reinforce_pp_baseline_advantages(batch["token_level_rewards"], batch["response_mask"],
+                                                               batch["uid"])
+        return Batch(tensors={"advantages": advantages, "returns": returns})

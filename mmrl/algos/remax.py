@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
+from mmrl.algos.base import Algorithm
 from mmrl.algos.reinforce_pp import returns_to_go
+from mmrl.protocol import Batch
 
 
 @torch.no_grad()
@@ -20,3 +24,16 @@ def remax_advantages(
     mask = response_mask.to(returns.dtype)
     advantages = (returns - baseline_scores.to(returns).unsqueeze(-1)) * mask
     return advantages, returns
+
+
+class ReMax(Algorithm):
+    """ReMax (Li et al., 2023): REINFORCE whose baseline is the reward of the greedy response to the same
+    prompt (the trainer generates and scores it: ``greedy_baseline``)."""
+
+    greedy_baseline: ClassVar[bool] = True
+
+    def compute_advantages(self, batch: Batch) -> Batch:
+        batch.require("token_level_rewards", "response_mask", "baseline_scores")
+        advantages, returns = remax_advantages(batch["token_level_rewards"], batch["response_mask"],
+                                               batch["baseline_scores"])
+        return Batch(tensors={"advantages": advantages, "returns": returns})

@@ -6,9 +6,14 @@ response length, so that long responses are not dominated by the critic's bias n
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
+from mmrl.algos.base import RewardLevel
+from mmrl.algos.dapo import DAPO
 from mmrl.algos.masked import masked_whiten
+from mmrl.protocol import Batch
 
 
 def length_adaptive_lambda(lengths: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -69,3 +74,22 @@ def decoupled_gae(
     returns = torch.where(mask > 0, critic_adv + values, torch.zeros_like(values))
     actor_adv = gae_per_row_lambda(token_rewards, values, mask, gamma, lam_actor)
     return masked_whiten(actor_adv, mask), returns
+
+
+class VAPO(DAPO):
+    """VAPO (Yue et al., 2025): value-based PPO with DAPO's pieces. A critic (warmed up alone for
+    ``algorithm.critic_warmup_steps``), decoupled GAE (the critic's targets with ``algorithm.lam_critic``, the
+    actor's advantages with a length-adaptive lambda, ``algorithm.lam_alpha``), and from DAPO dynamic
+    sampling, clip-higher, the token-level loss and overlong shaping; plus the positive-example LM loss
+    (``actor.positive_lm_coef``). configs/vapo.yaml sets them."""
+
+    needs_critic: ClassVar[bool] = True
+    reward_level: ClassVar[RewardLevel] = "token"
+
+    def compute_advantages(self, batch: Batch) -> Batch:
+        batch.require("token_level_rewards", "values", "response_mask")
+        mask = batch["response_mask"]
+        lam_actor = length_adaptive_lambda(mask.sum(-1), self.cfg.lam_alpha)
+        advantages, returns = decoupled_gae(batch["token_level_rewards"], batch["values"], mask, self.cfg.gamma,
+                                            self.cfg.lam_critic, lam_actor)
+        return Batch(tensors={"advantages": advantages, "returns": returns})

@@ -42,6 +42,7 @@ class DriverState:
     mlflow_run_id: str
     loader: dict[str, Any]
     skipped_in_a_row: int = 0
+    kl_coef: float | None = None  # the adaptive KL controller's coefficient (KL in the reward)
 
 
 def is_complete(folder: Path) -> bool:

@@ -19,7 +19,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+import torch
+
 from mmrl.algos import build_algorithm, needs_reference
+from mmrl.algos.kl_control import build_kl_controller, kl_in_reward
 from mmrl.config import Config
 from mmrl.controller import ResourcePool, WorkerFailure, WorkerGroup
 from mmrl.controller.session import ensure_ray, worker_shape
@@ -60,7 +63,8 @@ class RLTrainer:
         check_checkpoint(self.checkpoint, "trainer.init")  # before any worker starts
         self.algorithm = build_algorithm(cfg)
         self.with_reference = needs_reference(cfg)
-        self.old_log_probs = old_log_prob_source(cfg.actor)  # "update": taken inside the update's forward
+        # "update": taken inside the update's forward (not when a KL penalty in the reward needs them first)
+        self.old_log_probs = old_log_prob_source(cfg.actor, needed_before_update=cfg.algorithm.use_kl_in_reward)
         self.sampling = SamplingParams(
             n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
             top_k=cfg.rollout.top_k, max_new_tokens=cfg.rollout.max_new_tokens,
@@ -87,6 +91,7 @@ class RLTrainer:
         """Step 0: the loader at its seed, no checkpoint to come back to."""
         self.loader = PromptLoader(self.train_rows, self.cfg.trainer.prompts_per_step, self.cfg.seed)
         self.step_no, self.skipped_in_a_row = 0, 0
+        self.kl_ctrl = build_kl_controller(self.cfg.algorithm)
         self.last_checkpoint: Path | None = None
 
     # ---- set-up -------------------------------------------------------------------------------
@@ -173,11 +178,7 @@ class RLTrainer:
         ``trainer/skipped_step``) when a reward or an advantage is not finite."""
         self.timing = {}
         with self.timer("step"):
-            with self.timer("gen"):
-                batch = prompts.repeat(self.sampling.n).union(self.workers.generate(prompts, self.sampling))
-            with self.timer("reward"):
-                batch, metrics = self.score(batch)
-            batch, filter_metrics = self.algorithm.filter(batch)
+            batch, metrics, filter_metrics = self.collect(prompts)
             if self.old_log_probs == "recompute":
                 with self.timer("old_log_prob"):
                     batch = batch.union(self.workers.compute_log_probs(batch))
@@ -189,11 +190,66 @@ class RLTrainer:
             if self.critic is not None:
                 with self.timer("values"):
                     batch = batch.union(self.critic.compute_values(batch))
+            if self.cfg.algorithm.use_kl_in_reward:
+                metrics |= self.penalise_kl(batch)
             with self.timer("adv"):
                 batch = batch.union(self.algorithm.compute_advantages(batch))
             metrics |= self.update(batch)
         metrics |= filter_metrics | step_metrics(batch) | value_metrics(batch)
         return metrics | timing_metrics(batch, self.timing, self.workers.world_size)
+
+    def sample(self, prompts: Batch) -> tuple[Batch, dict[str, float]]:
+        """n responses to each prompt, scored (and the greedy baseline's scores when the algorithm needs them)."""
+        with self.timer("gen"):
+            batch = prompts.repeat(self.sampling.n).union(self.workers.generate(prompts, self.sampling))
+        with self.timer("reward"):
+            batch, metrics = self.score(batch)
+        if self.algorithm.greedy_baseline:
+            with self.timer("baseline"):
+                batch.tensors["baseline_scores"] = self.greedy_scores(prompts).repeat_interleave(self.sampling.n)
+        return batch, metrics
+
+    def collect(self, prompts: Batch) -> tuple[Batch, dict[str, float], dict[str, float]]:
+        """Sample and filter. With dynamic sampling, more rounds of fresh prompts until ``prompts_per_step``
+        groups survive the filter (the reward metrics are those of the first round). Returns the batch, the
+        reward metrics and the filter's."""
+        batch, metrics = self.sample(prompts)
+        batch, filter_metrics = self.algorithm.filter(batch)
+        if not self.algorithm.dynamic_sampling:
+            return batch, metrics, filter_metrics
+        want, limit = self.cfg.trainer.prompts_per_step, self.cfg.algorithm.max_gen_rounds
+        kept, rounds = [batch], 1
+        while len(set(uid for part in kept for uid in part["uid"])) < want:
+            if rounds >= limit:
+                groups = len(set(uid for part in kept for uid in part["uid"]))
+                raise RuntimeError(
+                    f"dynamic sampling: after {rounds} generation rounds only {groups} of {want} prompts had "
+                    f"responses whose rewards differ (algorithm.max_gen_rounds={limit}); raise "
+                    "algorithm.max_gen_rounds, rollout.n or rollout.temperature, or train with grpo")
+            more = self.loader.next_batch()
+            more.objects["uid"] = [f"{uid}#{rounds}" for uid in more["uid"]]  # a prompt drawn twice is two groups
+            more, _ = self.sample(more)
+            more, _ = self.algorithm.filter(more)
+            kept.append(more)
+            rounds += 1
+        batch = first_groups(Batch.concat(kept), want)
+        return batch, metrics, filter_metrics | {"filter/gen_rounds": float(rounds)}
+
+    def greedy_scores(self, prompts: Batch) -> torch.Tensor:
+        """(P,) the reward of one greedy response to each prompt (ReMax's baseline)."""
+        params = SamplingParams(n=1, greedy=True, max_new_tokens=self.sampling.max_new_tokens)
+        greedy = prompts.repeat(1).union(self.workers.generate(prompts, params))
+        scores, _ = self.reward.score(greedy)
+        return torch.as_tensor(scores, dtype=torch.float32)
+
+    def penalise_kl(self, batch: Batch) -> dict[str, float]:
+        """Subtract the controller's coefficient x the per-token KL to the reference from the token rewards."""
+        coef = self.kl_ctrl.value
+        rewards, kl = kl_in_reward(batch["token_level_rewards"], batch["old_log_probs"], batch["ref_log_probs"],
+                                   batch["response_mask"], coef, self.cfg.algorithm.kl_penalty)
+        batch.tensors["token_level_rewards"] = rewards
+        self.kl_ctrl.update(kl, len(batch))
+        return {"actor/reward_kl": kl, "actor/reward_kl_coef": coef}
 
     def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """The reward stage's scores as ``token_level_rewards`` (on each response's last token), the
@@ -201,6 +257,7 @@ class RLTrainer:
         scores, metrics = self.reward.score(batch)
         batch.tensors["token_level_rewards"] = place_on_last_token(scores, batch["response_mask"])
         correct = self.verifier.correct(batch)
+        batch.tensors["correct"] = torch.tensor(correct, dtype=torch.float32)
         metrics["train/acc"] = sum(correct) / len(correct)
         return batch, metrics
 
@@ -214,6 +271,8 @@ class RLTrainer:
         if self.critic is not None:
             with self.timer("update_critic"):
                 metrics |= self.critic.update_critic(batch)[0]
+        if self.step_no < self.cfg.algorithm.critic_warmup_steps:  # value pre-training: the actor waits
+            return metrics | {"trainer/skipped_step": 0.0, "trainer/critic_warmup": 1.0}
         with self.timer("update_actor"):
             metrics |= self.workers.update_actor(batch)[0]
         skipped = metrics.get("actor/skipped_updates", 0.0) + metrics.get("critic/skipped_updates", 0.0)
@@ -231,9 +290,10 @@ class RLTrainer:
 
     @contextmanager
     def timer(self, name: str) -> Iterator[None]:
+        """Adds the block's seconds to ``timing[name]`` (a stage may run several times in a step)."""
         start = time.perf_counter()
         yield
-        self.timing[name] = time.perf_counter() - start
+        self.timing[name] = self.timing.get(name, 0.0) + time.perf_counter() - start
 
     # ---- checkpoints and recovery -------------------------------------------------------------
 
@@ -244,7 +304,8 @@ class RLTrainer:
         self.workers.save_state(str(tmp / "actor"))
         if self.critic is not None:
             self.critic.save_state(str(tmp / "critic"))
-        state = DriverState(self.step_no, tracker.run_id, self.loader.state_dict(), self.skipped_in_a_row)
+        state = DriverState(self.step_no, tracker.run_id, self.loader.state_dict(), self.skipped_in_a_row,
+                            self.kl_ctrl.value)
         meta = {"algorithm": self.cfg.algorithm.name, "num_workers": self.cfg.resources.num_workers,
                 "actor_layout": [self.cfg.actor.vision.strategy, self.cfg.actor.llm.strategy],
                 "init": self.checkpoint}
@@ -262,6 +323,8 @@ class RLTrainer:
             self.critic.load_state(str(folder / "critic"))
         self.loader.load_state_dict(state.loader)
         self.step_no, self.skipped_in_a_row = state.step, state.skipped_in_a_row
+        if state.kl_coef is not None:
+            self.kl_ctrl.value = state.kl_coef
         self.last_checkpoint = folder
         steps = self.cfg.trainer.steps
         left = f"{steps - state.step} steps to go" if state.step < steps else (
@@ -352,3 +415,15 @@ def check_same_tokenizer(policy: str, reward_model: str) -> None:
         raise ValueError(f"reward.model.path={reward_model} has a different tokenizer from the policy at {policy} "
                          f"({len(theirs)} vs {len(ours)} tokens, or the same sizes with other ids); train the "
                          "reward model from the policy's checkpoint (make rm, rm.init)")
+
+
+def first_groups(batch: Batch, count: int) -> Batch:
+    """The samples of the first ``count`` groups (by ``uid``, in order of appearance)."""
+    chosen: set[str] = set()
+    rows = []
+    for row, uid in enumerate(batch["uid"]):
+        if uid not in chosen and len(chosen) < count:
+            chosen.add(uid)
+        if uid in chosen:
+            rows.append(row)
+    return batch.select(rows)

@@ -12,7 +12,7 @@ from typing import Literal
 
 import torch
 
-from mmrl.algos.losses import PolicyLoss, aggregate, kl_penalty
+from mmrl.algos.losses import PolicyLoss, aggregate, kl_penalty, positive_lm_loss
 from mmrl.config import ActorConfig
 from mmrl.models.logprobs import response_logprobs
 from mmrl.parallel.sharding import Layout
@@ -59,11 +59,13 @@ def batched_logprobs(
     return torch.cat(logps), torch.cat(entropies)
 
 
-def old_log_prob_source(cfg: ActorConfig) -> Literal["update", "recompute", "rollout"]:
+def old_log_prob_source(cfg: ActorConfig, needed_before_update: bool = False) -> Literal["update", "recompute", "rollout"]:
     """Where a step's old log-probs come from (``actor.old_log_probs``): ``update`` when the step is on-policy
-    (one epoch, one mini-batch: the policy has not moved when each token's ratio is taken)."""
+    (one epoch, one mini-batch: the policy has not moved when each token's ratio is taken) and nothing needs
+    them before the update (a KL penalty in the reward does)."""
     if cfg.old_log_probs == "auto":
-        return "update" if cfg.ppo_epochs == 1 and cfg.num_mini_batches == 1 else "recompute"
+        on_policy = cfg.ppo_epochs == 1 and cfg.num_mini_batches == 1
+        return "update" if on_policy and not needed_before_update else "recompute"
     return cfg.old_log_probs
 
 
@@ -72,7 +74,7 @@ class PolicyUpdater(DataParallelUpdater):
     step's batch."""
 
     prefix = "actor"
-    normalised = ("pg_loss",)
+    normalised = ("pg_loss", "positive_lm_loss")
 
     def __init__(
         self,
@@ -94,6 +96,8 @@ class PolicyUpdater(DataParallelUpdater):
             batch.require("old_log_probs")
         if self.cfg.use_kl_loss:
             batch.require("ref_log_probs")
+        if self.cfg.positive_lm_coef:
+            batch.require("correct")
         return super().update(batch)
 
     def micro_loss(self, micro: Batch, denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
@@ -115,10 +119,16 @@ class PolicyUpdater(DataParallelUpdater):
         sums = {key: value * tokens for key, value in pg_metrics.items()}  # per-token means -> sums
         sums["pg_loss"] = float(pg_loss.detach())
         sums["entropy"] = float((entropy.detach() * mask).sum())
+        horizon = cfg.loss_horizon or None
         if cfg.entropy_coeff:
-            loss = loss - cfg.entropy_coeff * aggregate(entropy, mask, cfg.loss_agg_mode, denominator)
+            loss = loss - cfg.entropy_coeff * aggregate(entropy, mask, cfg.loss_agg_mode, denominator, horizon)
         if cfg.use_kl_loss:
             kl = kl_penalty(logp, micro["ref_log_probs"].to(dev), cfg.kl_estimator)
-            loss = loss + cfg.kl_loss_coef * aggregate(kl, mask, cfg.loss_agg_mode, denominator)
+            loss = loss + cfg.kl_loss_coef * aggregate(kl, mask, cfg.loss_agg_mode, denominator, horizon)
             sums["kl_loss"] = float((kl.detach() * mask).sum())
+        if cfg.positive_lm_coef:
+            # VAPO: imitate the verified-correct samples, over the same denominator as the policy loss.
+            lm_loss, _ = positive_lm_loss(logp, mask, micro["correct"].to(dev).bool(), denominator)
+            loss = loss + cfg.positive_lm_coef * lm_loss
+            sums["positive_lm_loss"] = float(lm_loss.detach())
         return loss, sums

@@ -122,7 +122,7 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         logp, _ = batched_logprobs(self.reference.root, batch, self.spec, self.device, False, self.all_reduce_sum)
         return Batch(tensors={"ref_log_probs": logp})
 
-    @register(Dispatch.DP_COMPUTE, fields=(*SCORED, "advantages"), optional=("old_log_probs", "ref_log_probs"))
+    @register(Dispatch.DP_COMPUTE, fields=(*SCORED, "advantages"), optional=("old_log_probs", "ref_log_probs", "correct"))
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """PPO epochs over the batch; returns metrics that are identical on every rank."""
         return self.updater.update(batch)

@@ -156,3 +156,67 @@ def test_a_non_finite_advantage_or_loss_never_reaches_the_weights(rollout_batch)
     metrics = updater_for(frozen, ActorConfig(lr=1e-2, num_mini_batches=1), spec).update(inf_loss)
     assert metrics["actor/skipped_updates"] == 1.0
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), frozen.parameters()))
+
+
+def entropy_reference(model, batch, spec) -> torch.Tensor:
+    """(B, R) entropy of the policy's next-token distribution at each response token, from the raw logits
+    of a plain Hugging Face forward on one sample at a time (no batching, no padding)."""
+    rows = []
+    width = batch["responses"].shape[1]
+    for i, prompt in enumerate(batch["prompt"]):
+        n = int(batch["response_mask"][i].sum())
+        ids = torch.cat([prompt.input_ids, batch["responses"][i, :n]])[None]
+        kwargs = {k: getattr(prompt, k) for k in ("pixel_values", "image_grid_thw") if getattr(prompt, k) is not None}
+        logits = model(input_ids=ids, mm_token_type_ids=torch.cat([prompt.mm_token_type_ids,
+                       torch.zeros(n, dtype=torch.long)])[None], **kwargs).logits[0, len(prompt) - 1 : -1]
+        logits = logits.float().index_fill(-1, torch.tensor(spec.banned_ids), float("-inf"))
+        p = torch.softmax(logits, -1)
+        ent = -(p * torch.log_softmax(logits, -1).masked_fill(p == 0, 0)).sum(-1)
+        rows.append(torch.nn.functional.pad(ent, (0, width - n)))
+    return torch.stack(rows)
+
+
+def test_the_entropy_bonus_adds_minus_coef_times_the_mean_entropy(rollout_batch):
+    """With actor.entropy_coeff, the gradient is that of pg_loss - coef * token-mean entropy, the entropy
+    computed here from a per-sample forward; with coef 0 it is pg_loss's alone (the bonus changes it)."""
+    model, batch, spec = rollout_batch
+    coef = 0.5
+    reference = copy.deepcopy(model).train()
+    logp, _ = response_logprobs(PolicyForward(reference), batch["prompt"], batch["responses"], batch["response_mask"],
+                                pad_token_id=spec.pad_token_id, banned_ids=spec.banned_ids, temperature=1.0, device=CPU)
+    mask = batch["response_mask"]
+    pg, _ = ppo_clip_loss(logp, batch["old_log_probs"], batch["advantages"], mask, clip_low=0.2, clip_high=0.2)
+    entropy = entropy_reference(reference, batch, spec)
+    (pg - coef * (entropy * mask).sum() / mask.sum()).backward()
+    torch.nn.utils.clip_grad_norm_(reference.parameters(), 1e9)
+    grads = {}
+    for c in (coef, 0.0):
+        trained = copy.deepcopy(model)
+        cfg = ActorConfig(lr=1e-2, warmup_steps=0, num_mini_batches=1, entropy_coeff=c, grad_clip=1e9)
+        metrics = updater_for(trained, cfg, spec).update(batch)
+        grads[c] = dict(trained.named_parameters())
+    for name, q in reference.named_parameters():
+        assert torch.allclose(grads[coef][name].grad, q.grad, atol=1e-6, rtol=1e-4), name
+    assert any(not torch.allclose(grads[0.0][n].grad, q.grad, atol=1e-6) for n, q in reference.named_parameters())
+    assert metrics["actor/entropy"] == pytest.approx(float((entropy * mask).sum() / mask.sum()), rel=1e-4)
+
+
+def test_the_positive_example_lm_loss_imitates_only_the_correct_samples(rollout_batch):
+    """VAPO's actor.positive_lm_coef: with zero advantages the whole gradient is the NLL of the correct rows'
+    tokens over the mini-batch's token count; rows marked wrong contribute nothing."""
+    model, batch, spec = rollout_batch
+    lm = Batch(tensors=dict(batch.tensors), objects=dict(batch.objects))
+    lm.tensors["advantages"] = torch.zeros_like(batch["advantages"])
+    correct = torch.tensor([float(i % 3 == 0) for i in range(len(batch))])
+    lm.tensors["correct"] = correct
+    reference = copy.deepcopy(model).train()
+    logp, _ = response_logprobs(PolicyForward(reference), batch["prompt"], batch["responses"], batch["response_mask"],
+                                pad_token_id=spec.pad_token_id, banned_ids=spec.banned_ids, temperature=1.0, device=CPU)
+    mask = batch["response_mask"]
+    (0.7 * -(logp * mask * correct[:, None]).sum() / mask.sum()).backward()
+    trained = copy.deepcopy(model)
+    cfg = ActorConfig(lr=1e-2, warmup_steps=0, num_mini_batches=1, positive_lm_coef=0.7, grad_clip=1e9)
+    metrics = updater_for(trained, cfg, spec).update(lm)
+    for (name, p), q in zip(trained.named_parameters(), reference.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-7, rtol=1e-4), name
+    assert metrics["actor/positive_lm_loss"] > 0

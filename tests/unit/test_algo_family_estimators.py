@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from mmrl.algos.filters import group_win_rates, mixed_groups, overlong_shaping, pf_ppo_filter
+from mmrl.algos.filters import group_win_rates, mixed_groups, pf_ppo_filter
 from mmrl.algos.kl_control import AdaptiveKLController, FixedKLController, kl_in_reward
 from mmrl.algos.ppo import gae_advantages
 from mmrl.algos.reinforce_pp import reinforce_pp_advantages, reinforce_pp_baseline_advantages, returns_to_go
@@ -404,37 +404,6 @@ def test_group_win_rates_against_loop_reference():
     for g in set(uids):
         idx = [i for i, u in enumerate(uids) if u == g]
         assert sum(float(rates[i]) for i in idx) / len(idx) == pytest.approx(0.5)
-
-
-def overlong_reference(length: int, max_length: int, buffer: int, factor: float) -> float:
-    start = max_length - buffer
-    if length <= start:
-        return 0.0
-    if length >= max_length:
-        return -factor
-    return -(length - start) / buffer * factor
-
-
-def test_overlong_shaping_by_hand_and_against_loop_reference():
-    lengths = torch.tensor([0, 10, 12, 13, 16, 19, 20, 25])
-    out = overlong_shaping(lengths, max_length=20, buffer=8, penalty_factor=1.0)
-    assert out.dtype.is_floating_point
-    # free up to 12 tokens, then -1/8 per token, -1 from 20 on
-    assert out.tolist() == pytest.approx([0.0, 0.0, 0.0, -0.125, -0.5, -0.875, -1.0, -1.0])
-    lengths = torch.arange(0, 40)
-    for max_length, buffer, factor in ((30, 10, 0.5), (30, 30, 2.0), (30, 1, 1.0)):
-        out = overlong_shaping(lengths, max_length, buffer, factor)
-        expected = [overlong_reference(n, max_length, buffer, factor) for n in range(40)]
-        assert out.tolist() == pytest.approx(expected)
-
-
-@pytest.mark.parametrize("buffer", [0, -3, 21])
-def test_overlong_shaping_validates_the_buffer(buffer):
-    with pytest.raises(ValueError, match="buffer"):
-        overlong_shaping(torch.tensor([5]), max_length=20, buffer=buffer, penalty_factor=1.0)
-
-
-# ---------------------------------------------------------------- VAPO
 
 
 def test_length_adaptive_lambda_by_hand_and_against_loop_reference():

@@ -445,20 +445,30 @@ def test_dual_clip_and_gspo_table_entries_read_the_actor_config():
     b = make_batch(seed=11, spread=1.5)
     args = (b["logp"], b["old"], b["adv"], b["mask"])
     cfg = ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="seq-mean-token-mean")
-    cfg.clip_ratio_c = 2.0  # works with or without the (pending) ActorConfig field
+    cfg.clip_ratio_c = 2.0
     loss, metrics = POLICY_LOSSES["dual_clip"](*args, cfg=cfg, denominator=6.0)
     direct = ppo_clip_loss(*args, clip_low=0.2, clip_high=0.28, agg_mode="seq-mean-token-mean",
                            denominator=6.0, clip_ratio_c=2.0)
     assert loss.item() == direct[0].item() and metrics == direct[1] and metrics["pg_clipfrac_lower"] > 0
 
-    default_cfg = ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.28)
-    if not hasattr(default_cfg, "clip_ratio_c"):
-        loss, metrics = POLICY_LOSSES["dual_clip"](*args, cfg=default_cfg)
-        direct = ppo_clip_loss(*args, clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0)
-        assert loss.item() == direct[0].item() and metrics == direct[1]
+    default_cfg = ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.28)  # clip_ratio_c defaults to 3
+    loss, metrics = POLICY_LOSSES["dual_clip"](*args, cfg=default_cfg)
+    direct = ppo_clip_loss(*args, clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0)
+    assert loss.item() == direct[0].item() and metrics == direct[1]
 
     cfg = ActorConfig(clip_ratio_low=0.01, clip_ratio_high=0.02, loss_agg_mode="seq-mean-token-sum")
     loss, metrics = POLICY_LOSSES["gspo"](*args, cfg=cfg, denominator=6.0)
     direct = gspo_loss(*args, clip_low=0.01, clip_high=0.02, agg_mode="seq-mean-token-sum", denominator=6.0)
     assert loss.item() == direct[0].item() and metrics == direct[1]
-    assert "sppo" not in POLICY_LOSSES
+
+
+def test_the_sppo_table_entry_reads_win_rates_from_the_advantages():
+    """SPPO's algorithm hands each row's win rate minus 1/2 as its advantage on every valid token; the table
+    entry recovers the win rates and calls sppo_loss with actor.sppo_eta."""
+    b = make_batch(seed=12, spread=1.0)
+    rates = torch.tensor([0.0, 0.25, 1.0, 0.5], dtype=b["logp"].dtype)[: b["mask"].shape[0]]
+    advantages = (rates - 0.5).unsqueeze(-1) * b["mask"]
+    cfg = ActorConfig(sppo_eta=2.5, loss_agg_mode="seq-mean-token-mean")
+    loss, metrics = POLICY_LOSSES["sppo"](b["logp"], b["old"], advantages, b["mask"], cfg=cfg, denominator=5.0)
+    direct = sppo_loss(b["logp"], b["old"], rates, b["mask"], eta=2.5, denominator=5.0)
+    assert loss.item() == pytest.approx(direct[0].item(), rel=1e-12) and metrics == pytest.approx(direct[1])

@@ -78,10 +78,17 @@ def test_dr_grpo_and_rloo_objects_against_a_loop_reference():
 
 
 def test_algorithm_declarations_and_tables():
-    assert set(ALGORITHMS) == {"grpo", "rloo", "ppo"}
-    assert [ALGORITHMS[n].needs_critic for n in ("grpo", "rloo", "ppo")] == [False, False, True]
-    assert [ALGORITHMS[n].min_group_size for n in ("grpo", "rloo", "ppo")] == [2, 2, 1]
+    names = ["grpo", "dr_grpo", "rloo", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax",
+             "dapo", "gspo", "vapo", "pf_ppo", "sppo"]
+    assert sorted(ALGORITHMS) == sorted(names)
+    critics = {n for n in names if ALGORITHMS[n].needs_critic}
+    assert critics == {"ppo", "vapo", "pf_ppo"}
+    assert {n for n in names if ALGORITHMS[n].dynamic_sampling} == {"dapo", "vapo"}
+    assert {n for n in names if ALGORITHMS[n].greedy_baseline} == {"remax"}
+    assert [ALGORITHMS[n].min_group_size for n in ("grpo", "rloo", "ppo", "sppo")] == [2, 2, 1, 2]
     assert ALGORITHMS["ppo"].reward_level == "token" and ALGORITHMS["grpo"].reward_level == "outcome"
+    assert {n: ALGORITHMS[n].policy_loss for n in ("gspo", "sppo", "grpo")} == {
+        "gspo": "gspo", "sppo": "sppo", "grpo": "ppo_clip"}
     assert all(ALGORITHMS[n].policy_loss in POLICY_LOSSES for n in ALGORITHMS)
 
 

@@ -42,11 +42,11 @@ def test_bad_key_or_value_names_the_key_and_what_is_allowed(override, message):
 def test_cross_field_checks():
     with pytest.raises(ConfigError, match="rollout.n >= 2"):
         load_config(None, ["rollout.n=1"])
-    with pytest.raises(ConfigError, match="algorithm.name='ppo2' is unknown; allowed: grpo, ppo, rloo"):
+    with pytest.raises(ConfigError, match="algorithm.name='ppo2' is unknown; allowed: dapo, dr_grpo, grpo, gspo, pf_ppo, ppo, reinforce_plus_plus"):
         load_config(None, ["algorithm.name=ppo2"])
     with pytest.raises(ConfigError, match="algorithm.adv_estimator was renamed: use algorithm.name"):
         load_config(None, ["algorithm.adv_estimator=gae"])
-    with pytest.raises(ConfigError, match="actor.policy_loss='clip' is unknown; allowed: ppo_clip"):
+    with pytest.raises(ConfigError, match="actor.policy_loss='clip' is unknown; allowed: dual_clip, gspo, ppo_clip, sppo"):
         load_config(None, ["actor.policy_loss=clip"])
     with pytest.raises(ConfigError, match="rollout.engine='sglang' is unknown; allowed: hf"):
         load_config(None, ["rollout.engine=sglang"])
@@ -143,3 +143,18 @@ def test_old_log_probs_from_the_rollout_need_the_untruncated_distribution() -> N
     for bad in ("rollout.top_p=0.9", "rollout.top_k=5"):
         with pytest.raises(ConfigError, match="actor.old_log_probs=rollout needs rollout.top_p=1"):
             load_config(None, ["actor.old_log_probs=rollout", bad])
+
+
+def test_algorithm_family_cross_field_checks():
+    with pytest.raises(ConfigError, match="sppo policy loss is one square per sequence"):
+        load_config(None, ["algorithm.name=sppo"])
+    cfg = load_config(None, ["algorithm.name=sppo", "actor.loss_agg_mode=seq-mean-token-mean"])
+    assert cfg.actor.policy_loss == "" and cfg.algorithm.name == "sppo"
+    with pytest.raises(ConfigError, match="grpo trains no critic"):
+        load_config(None, ["algorithm.critic_warmup_steps=3"])
+    assert load_config(None, ["algorithm.name=vapo", "algorithm.critic_warmup_steps=3"]).algorithm.critic_warmup_steps == 3
+    # seq-mean-token-sum-norm's constant defaults to the longest response, and can be set
+    assert load_config(None, ["rollout.max_new_tokens=12"]).actor.loss_horizon == 12
+    assert load_config(None, ["rollout.max_new_tokens=12", "actor.loss_horizon=40"]).actor.loss_horizon == 40
+    with pytest.raises(ConfigError, match="actor.clip_ratio_c"):
+        load_config(None, ["actor.clip_ratio_c=1.0"])
