@@ -218,6 +218,11 @@ class UpdateConfig:
     lr: float = num(1e-4, ge=0)
     weight_decay: float = num(0.0, ge=0)
     warmup_steps: int = num(10, ge=0)
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """After the warm-up: constant, or a cosine decay to ``min_lr_ratio * lr`` at the run's last update."""
+    min_lr_ratio: float = num(0.0, ge=0, le=1)
+    decay_steps: int = num(0, ge=0)
+    """Optimizer steps the cosine spans; 0: the whole run (trainer.steps x num_mini_batches x ppo_epochs)."""
     grad_clip: float = num(1.0, gt=0)
     """Gradient-norm clip (a very large value turns clipping off)."""
     ppo_epochs: int = num(1, ge=1)
@@ -529,6 +534,8 @@ class Config:
         for section in (self.actor, self.critic):
             if section.loss_horizon == 0:  # seq-mean-token-sum-norm's constant: the longest response
                 section.loss_horizon = self.rollout.max_new_tokens
+            if section.decay_steps == 0:
+                section.decay_steps = self.trainer.steps * section.num_mini_batches * section.ppo_epochs
         if (self.actor.policy_loss or algorithm.policy_loss) == "sppo" and self.actor.loss_agg_mode == "token-mean":
             raise ConfigError("the sppo policy loss is one square per sequence: set actor.loss_agg_mode to a "
                               "sequence mode (seq-mean-token-mean), not token-mean")

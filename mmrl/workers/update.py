@@ -26,10 +26,24 @@ AllReduce = Callable[[torch.Tensor], torch.Tensor]
 log = logging.getLogger(__name__)
 
 
+def lr_factor(step: int, warmup_steps: int, decay_steps: int, min_ratio: float) -> float:
+    """The learning rate's multiplier at optimizer step ``step`` (0-based): linear warm-up over
+    ``warmup_steps``, then constant (``decay_steps`` 0) or a cosine from 1 down to ``min_ratio`` at
+    ``decay_steps`` (and ``min_ratio`` after)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if decay_steps <= warmup_steps:
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / (decay_steps - warmup_steps))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def build_optimizer(
-    params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float, warmup_steps: int
+    params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float, warmup_steps: int,
+    decay_steps: int = 0, min_lr_ratio: float = 0.0,
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
-    """AdamW over the given (trainable) parameters; linear warm-up.
+    """AdamW over the given (trainable) parameters; linear warm-up, then constant or (``decay_steps`` > 0)
+    a cosine decay to ``min_lr_ratio * lr`` (:func:`lr_factor`).
 
     Sharded (DTensor) and plain parameters go in separate groups so the fused per-group kernels never
     mix the two.
@@ -41,7 +55,8 @@ def build_optimizer(
     groups = [{"params": g} for g in (sharded, plain) if g]
     optimizer = torch.optim.AdamW(groups or [{"params": []}], lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999))
     warmup = max(warmup_steps, 1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, warmup, decay_steps, min_lr_ratio))
     return optimizer, scheduler
 
 
@@ -64,7 +79,8 @@ class DataParallelUpdater:
     def __init__(self, layout: Layout, cfg: UpdateConfig, device: torch.device, all_reduce: AllReduce) -> None:
         self.layout, self.cfg, self.device, self.all_reduce = layout, cfg, device, all_reduce
         self.optimizer, self.scheduler = build_optimizer(
-            layout.trainable(), cfg.lr, cfg.weight_decay, cfg.warmup_steps
+            layout.trainable(), cfg.lr, cfg.weight_decay, cfg.warmup_steps,
+            cfg.decay_steps if cfg.lr_schedule == "cosine" else 0, cfg.min_lr_ratio,
         )
 
     def update(self, batch: Batch) -> dict[str, float]:
