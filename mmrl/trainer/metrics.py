@@ -22,7 +22,7 @@ def step_metrics(batch: Batch) -> dict[str, float]:
     if "old_log_probs" in batch.tensors and "rollout_log_probs" in batch.tensors:
         diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs() * mask
         trainer_side["rollout/logprob_diff_max"] = float(diff.max())
-    return trainer_side | {
+    return trainer_side | group_metrics(batch, scores) | {
         "critic/score/mean": float(scores.mean()),
         "critic/score/max": float(scores.max()),
         "critic/score/min": float(scores.min()),
@@ -33,6 +33,23 @@ def step_metrics(batch: Batch) -> dict[str, float]:
         "response_length/max": float(lengths.max()),
         "response_length/clip_ratio": float((lengths >= mask.shape[1]).float().mean()),
     }
+
+
+def group_metrics(batch: Batch, scores: torch.Tensor) -> dict[str, float]:
+    """The advantage signal of group baselines: the share of groups (samples sharing a ``uid``) whose scores all
+    agree (they teach nothing), and among those by verified correctness, all right or all wrong."""
+    if "uid" not in batch.objects:
+        return {}
+    groups: dict[str, list[int]] = {}
+    for row, uid in enumerate(batch["uid"]):
+        groups.setdefault(uid, []).append(row)
+    flat = [rows for rows in groups.values() if float(scores[rows].max() - scores[rows].min()) <= 1e-9]
+    out = {"critic/flat_groups": len(flat) / len(groups)}
+    if "correct" in batch.tensors:
+        correct = batch["correct"]
+        out["critic/flat_groups_all_right"] = sum(bool(correct[rows].all()) for rows in flat) / len(groups)
+        out["critic/flat_groups_all_wrong"] = sum(not bool(correct[rows].any()) for rows in flat) / len(groups)
+    return out
 
 
 def value_metrics(batch: Batch) -> dict[str, float]:

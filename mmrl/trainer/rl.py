@@ -47,7 +47,8 @@ from mmrl.workers.reward_model import RewardModelWorker
 log = logging.getLogger(__name__)
 
 CONSOLE = {"critic/score/mean": "score", "train/acc": "acc", "val/acc": "val_acc", "actor/pg_loss": "pg_loss",
-           "actor/entropy": "entropy", "response_length/mean": "resp_len", "timing_s/step": "step_s"}
+           "actor/entropy": "entropy", "critic/flat_groups": "flat", "response_length/mean": "resp_len",
+           "timing_s/step": "step_s"}
 CURVES = {
     "reward": ["critic/score/mean", "train/acc"],
     "accuracy": ["val/acc"],

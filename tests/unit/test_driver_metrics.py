@@ -31,3 +31,19 @@ def test_step_metrics_read_every_valid_token_and_no_padding():
     entropy = [float(batch["entropy"][i, t]) for i, n in enumerate(lengths) for t in range(n)]
     assert metrics["actor/entropy_old"] == pytest.approx(sum(entropy) / 8)
     assert metrics["rollout/logprob_diff_max"] == pytest.approx(0.1)
+
+
+def test_flat_groups_count_the_groups_whose_scores_agree():
+    """Groups a (1, 1: flat, all right), b (0, 1: mixed), c (0, 0, 0: flat, all wrong), d (alone: flat, right)."""
+    uids = ["a", "a", "b", "b", "c", "c", "c", "d"]
+    scores = [1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    mask = torch.ones(len(uids), 2)
+    rewards = torch.zeros(len(uids), 2)
+    rewards[:, 1] = torch.tensor(scores)
+    batch = Batch(tensors={"response_mask": mask, "advantages": torch.zeros(len(uids), 2),
+                           "token_level_rewards": rewards, "correct": torch.tensor(scores)},
+                  objects={"uid": uids})
+    metrics = step_metrics(batch)
+    assert metrics["critic/flat_groups"] == pytest.approx(3 / 4)
+    assert metrics["critic/flat_groups_all_right"] == pytest.approx(2 / 4)
+    assert metrics["critic/flat_groups_all_wrong"] == pytest.approx(1 / 4)
