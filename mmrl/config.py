@@ -162,13 +162,9 @@ class DataConfig:
 
 
 @dataclass(kw_only=True)
-class SFTConfig:
-    init: str = ""
-    """Checkpoint to start from; empty means ``model.path``."""
-    split: str = "sft"
-    """The labelled split to train on."""
-    out_dir: str = "outputs/sft"
-    """Where the checkpoint (``<out_dir>/checkpoint``) is written."""
+class OptimConfig:
+    """The optimizer of a single-process supervised stage (make sft, make rm)."""
+
     steps: int = num(60, ge=1)
     batch_size: int = num(16, ge=1)
     lr: float = num(2e-3, ge=0)
@@ -176,6 +172,16 @@ class SFTConfig:
     warmup_steps: int = num(5, ge=0)
     grad_clip: float = num(1.0, gt=0)
     """Gradient-norm clip (a very large value turns clipping off)."""
+
+
+@dataclass(kw_only=True)
+class SFTConfig(OptimConfig):
+    init: str = ""
+    """Checkpoint to start from; empty means ``model.path``."""
+    split: str = "sft"
+    """The labelled split to train on."""
+    out_dir: str = "outputs/sft"
+    """Where the checkpoint (``<out_dir>/checkpoint``) is written."""
 
 
 @dataclass(kw_only=True)
@@ -393,7 +399,7 @@ class RewardConfig:
 
 
 @dataclass(kw_only=True)
-class RMConfig:
+class RMConfig(OptimConfig):
     """``make rm``: a reward model trained on preference pairs with the Bradley-Terry loss."""
 
     init: str = "outputs/sft/checkpoint"
@@ -411,9 +417,7 @@ class RMConfig:
     batch_size: int = num(32, ge=1)
     """Pairs per step."""
     lr: float = num(3e-4, ge=0)
-    weight_decay: float = num(0.0, ge=0)
     warmup_steps: int = num(10, ge=0)
-    grad_clip: float = num(1.0, gt=0)
     eval_pairs: int = num(256, ge=1)
     """Held-out pairs scored for pairwise accuracy."""
 

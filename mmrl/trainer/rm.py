@@ -13,14 +13,12 @@ way round) is printed and logged to MLflow; the checkpoint is the backbone in Hu
 
 from __future__ import annotations
 
-import random
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from data_prep.preferences import PreferencePair, read_pairs, synthetic_pairs, write_pairs
 from mmrl.config import Config
@@ -31,8 +29,8 @@ from mmrl.rollout.samples import encode_rows
 from mmrl.tracking import Tracker
 from mmrl.trainer.dataset import load_rows, rows_to_batch
 from mmrl.trainer.sft import pad_targets
+from mmrl.trainer.supervised import train_steps
 from mmrl.workers.model_builder import build_model
-from mmrl.workers.update import build_optimizer
 
 
 def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
@@ -89,28 +87,14 @@ class RMTrainer:
         return out[: len(pairs)], out[len(pairs):]
 
     def train(self, tracker: Tracker) -> None:
-        cfg = self.cfg.rm
-        params = self.layout.trainable()
-        optimizer, scheduler = build_optimizer(params, cfg.lr, cfg.weight_decay, cfg.warmup_steps)
-        rng = random.Random(self.cfg.seed)
-        order: list[int] = []
         self.root.train()
-        bar = tqdm(range(1, cfg.steps + 1), desc="rm", dynamic_ncols=True)
-        for step in bar:
-            if len(order) < cfg.batch_size:
-                order += rng.sample(range(len(self.train_pairs)), len(self.train_pairs))
-            batch, order = [self.train_pairs[i] for i in order[: cfg.batch_size]], order[cfg.batch_size :]
-            chosen, rejected = self.scores(batch)
-            loss = bradley_terry_loss(chosen, rejected)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            acc = float((chosen > rejected).float().mean())
-            tracker.log_metrics({"rm/loss": loss.item(), "rm/train_pairwise_acc": acc, "rm/grad_norm": float(grad_norm),
-                                 "rm/lr": scheduler.get_last_lr()[0]}, step)
-            bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc:.2f}")
+        train_steps("rm", self.cfg.rm, self.layout.trainable(), len(self.train_pairs), self.cfg.seed, self.step_loss,
+                    tracker)
+
+    def step_loss(self, indices: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
+        """The Bradley-Terry loss of the chosen pairs and their pairwise accuracy."""
+        chosen, rejected = self.scores([self.train_pairs[i] for i in indices])
+        return bradley_terry_loss(chosen, rejected), {"train_pairwise_acc": float((chosen > rejected).float().mean())}
 
     @torch.no_grad()
     def evaluate(self, pairs: list[PreferencePair], batch_size: int = 32) -> dict[str, float]:

@@ -7,12 +7,10 @@ followed by the end-of-turn token as the "response".
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from mmrl.config import Config
 from mmrl.controller.worker import resolve_device
@@ -26,8 +24,8 @@ from mmrl.tracking import Tracker
 from mmrl.trainer.dataset import load_rows, rows_to_batch
 from mmrl.trainer.evaluation import evaluate
 from mmrl.trainer.reward_stage import Verifier
+from mmrl.trainer.supervised import train_steps
 from mmrl.workers.model_builder import build_model
-from mmrl.workers.update import build_optimizer
 from rewards import format_answer
 
 
@@ -75,27 +73,9 @@ class SFTTrainer:
         return -(logp.sum() / mask.to(self.device).sum())
 
     def train(self, tracker: Tracker) -> None:
-        cfg = self.cfg.sft
-        params = self.layout.trainable()
-        optimizer, scheduler = build_optimizer(params, cfg.lr, cfg.weight_decay, cfg.warmup_steps)
-        rng = random.Random(self.cfg.seed)
-        order: list[int] = []
         self.model.train()
-        bar = tqdm(range(1, cfg.steps + 1), desc="sft", dynamic_ncols=True)
-        for step in bar:
-            if len(order) < cfg.batch_size:
-                order += rng.sample(range(len(self.targets)), len(self.targets))
-            indices, order = order[: cfg.batch_size], order[cfg.batch_size :]
-            loss = self.loss(indices)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            loss_value = loss.item()
-            tracker.log_metrics({"sft/loss": loss_value, "sft/grad_norm": float(grad_norm),
-                                 "sft/lr": scheduler.get_last_lr()[0]}, step)
-            bar.set_postfix(loss=f"{loss_value:.3f}")
+        train_steps("sft", self.cfg.sft, self.layout.trainable(), len(self.targets), self.cfg.seed,
+                    lambda indices: (self.loss(indices), {}), tracker)
 
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """Generation with the weights being trained (an hf engine shares the module; others receive them)."""
