@@ -53,3 +53,20 @@ def test_each_algorithm_config_runs_end_to_end(path, tiny_config, tmp_path):
                 *EXPECTED.get(path.stem, [])]:
         assert key in run.data.metrics, (path.stem, key)
     assert (Path(cfg.trainer.out_dir) / "checkpoint" / "config.json").is_file()
+
+
+def test_dynamic_sampling_stops_with_a_clear_error_when_no_group_differs(tiny_config, tmp_path):
+    """A reward that never differs within a group: DAPO generates max_gen_rounds rounds, then stops and says
+    what to change (nothing is trained on zero-advantage groups)."""
+    cfg = load_config("configs/algos/dapo.yaml", [
+        f"model.path={tiny_config.model.path}", f"trainer.init={tiny_config.model.path}",
+        f"data.dir={tiny_config.data.dir}", f"trainer.out_dir={tmp_path / 'rl'}",
+        f"tracking.uri={tiny_config.tracking.uri}", f"tracking.artifact_dir={tiny_config.tracking.artifact_dir}",
+        "trainer.steps=1", "trainer.prompts_per_step=2", "trainer.val_size=2", "rollout.n=2",
+        "rollout.max_new_tokens=4", "algorithm.max_gen_rounds=2", "resources.threads_per_worker=1",
+    ])
+    cfg.reward.weights, cfg.reward.function = {}, "tests/fixtures/reward_plugins/kinds.py:constant"
+    cfg.validate()
+    with pytest.raises(RuntimeError, match=r"dynamic sampling: after 2 generation rounds only 0 of 2 prompts .* "
+                                           r"raise algorithm.max_gen_rounds"):
+        run_rl(cfg)
