@@ -2,7 +2,8 @@
 
 The same random-init tiny model, the same 112x112 images and prompts, the same GRPO work (P prompts x n
 samples x up to T new tokens, temperature 1, no KL, one PPO epoch, one optimizer step per batch, the same
-micro-batch size), one process each side with the same torch threads. A random-init model rarely emits the
+training micro-batch size, all P*n samples generated in one batch as TRL does), one process each side with
+the same torch threads. A random-init model rarely emits the
 end-of-turn token, so nearly every response runs to T tokens on both sides (the mean lengths are printed).
 
 Each side runs ``1 + STEPS`` steps; the first is a warm-up and the table gives the median of the rest, split
@@ -61,6 +62,7 @@ def peer_config(cfg: Config, prompts: int, n: int, tokens: int, threads: int) ->
     cfg.trainer.eval_every, cfg.trainer.save_every = 0, 0
     cfg.trainer.val_size = 0
     cfg.rollout.n, cfg.rollout.max_new_tokens, cfg.rollout.temperature = n, tokens, 1.0
+    cfg.rollout.micro_batch_size = prompts * n  # TRL generates a step's samples in one batch: so does mmrl here
     cfg.algorithm.name = "grpo"
     cfg.actor.use_kl_loss = False
     cfg.actor.ppo_epochs, cfg.actor.num_mini_batches = 1, 1

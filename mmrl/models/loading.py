@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from mmrl.patches import qwen_mrope
+from mmrl.patches import patch_embed, qwen_mrope
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -25,9 +25,10 @@ def check_checkpoint(path: str | Path, what: str = "model") -> Path:
 
 
 def load_model(path: str | Path, dtype: str = "float32", attn: str = "sdpa", device: torch.device | str = "cpu") -> Any:
-    """A Hugging Face VLM from a local folder, with mmrl's Qwen position-id patch installed (see
-    :mod:`mmrl.patches.qwen_mrope`)."""
+    """A Hugging Face VLM from a local folder, with mmrl's Qwen position-id and patch-embedding patches
+    installed (see :mod:`mmrl.patches.qwen_mrope`, :mod:`mmrl.patches.patch_embed`)."""
     qwen_mrope.apply()
+    patch_embed.apply()
     folder = check_checkpoint(path)
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=DTYPES[dtype], attn_implementation=attn)
     return model.to(device)

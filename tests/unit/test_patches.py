@@ -6,6 +6,7 @@ import sysconfig
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 
 from mmrl.patches.torchvision_shim import FAILURE_MARK, MODULE_NAME, torchvision_needs_shim
@@ -75,3 +76,29 @@ def test_keep_torch_threads_undoes_a_library_that_takes_them():
     torch.set_num_threads(1)
     assert torch.get_num_threads() == 1  # the real function is back
     torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_patch_embedding_as_a_matrix_product_equals_the_conv3d(bias):
+    """Qwen2.5-VL's Conv3d (kernel = stride = the whole patch) against patch_embed.linear_forward: outputs to
+    1e-5 and the weight's gradient to 1e-5, on random patches; the patch is installed by load_model."""
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionPatchEmbed
+
+    from mmrl.patches import patch_embed
+
+    torch.manual_seed(0)
+    module = Qwen2_5_VisionPatchEmbed(patch_size=14, temporal_patch_size=2, in_channels=3, embed_dim=32)
+    if bias:
+        module.proj.bias = torch.nn.Parameter(torch.randn(32))
+    patches = torch.randn(40, 3 * 2 * 14 * 14)
+    original = patch_embed.ORIGINAL.get(Qwen2_5_VisionPatchEmbed, Qwen2_5_VisionPatchEmbed.forward)
+    results = []
+    for forward in (original, patch_embed.linear_forward):
+        module.zero_grad()
+        out = forward(module, patches)
+        out.pow(2).sum().backward()
+        results.append((out.detach(), module.proj.weight.grad.clone()))
+    torch.testing.assert_close(results[1][0], results[0][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(results[1][1], results[0][1], atol=1e-4, rtol=1e-5)
+    patch_embed.apply()
+    assert Qwen2_5_VisionPatchEmbed.forward is patch_embed.linear_forward
