@@ -67,8 +67,8 @@ class Result:
         return sum(self.peak_rss_mb) - sum(self.start_rss_mb)
 
 
-def ensure_inputs(cfg: Config) -> None:
-    """Build the bench model and data the first time (seconds)."""
+def ensure_inputs(cfg: Config, rebuild_data: bool = False) -> None:
+    """Build the bench model and data the first time (seconds); the data every time with ``rebuild_data``."""
     from data_prep.schema import write_parquet
     from data_prep.synthetic import build_splits
     from mmrl.models.tiny import build_tiny_vlm
@@ -76,7 +76,7 @@ def ensure_inputs(cfg: Config) -> None:
 
     if not (Path(cfg.model.path) / "config.json").is_file():
         build_tiny_vlm(task_corpus(cfg), cfg.tiny_model, cfg.model.path, cfg.seed)
-    if not (Path(cfg.data.dir) / "train.parquet").is_file():
+    if rebuild_data or not (Path(cfg.data.dir) / "train.parquet").is_file():
         splits = build_splits(cfg.data.tasks, cfg.data.sizes, cfg.seed, cfg.data.image_size, cfg.data.max_count)
         for split, rows in splits.items():
             write_parquet(rows, Path(cfg.data.dir) / f"{split}.parquet")

@@ -190,10 +190,7 @@ def print_rows(results: list[tuple[tuple[int, int, int], SideResult, SideResult]
 
 
 def main(argv: list[str] | None = None) -> list[tuple[tuple[int, int, int], SideResult, SideResult]]:
-    from data_prep.schema import write_parquet
-    from data_prep.synthetic import build_splits
-    from mmrl.models.tiny import build_tiny_vlm
-    from pipelines.model import task_corpus
+    from pipelines.bench import ensure_inputs
 
     cfg = parse(__doc__, argv)
     sizes = [tuple(int(x) for x in size.split("x")) for size in os.environ["MMRL_PEER_SIZES"].split()] \
@@ -201,12 +198,7 @@ def main(argv: list[str] | None = None) -> list[tuple[tuple[int, int, int], Side
     threads = cfg.resources.threads_per_worker or torch.get_num_threads()
     base = peer_config(cfg, *sizes[0], threads)
     base.data.sizes = {"sft": 8, "train": max(p for p, _, _ in sizes) * (1 + STEPS), "val": 8, "test": 8}
-    if not (Path(base.model.path) / "config.json").is_file():
-        build_tiny_vlm(task_corpus(base), base.tiny_model, base.model.path, base.seed)
-    # The data always: a cheap step, and the sizes depend on the work sizes.
-    for split, rows in build_splits(base.data.tasks, base.data.sizes, base.seed, base.data.image_size,
-                                    base.data.max_count).items():
-        write_parquet(rows, Path(base.data.dir) / f"{split}.parquet")
+    ensure_inputs(base, rebuild_data=True)  # the data's size depends on the work sizes
     results = []
     for prompts, n, tokens in sizes:
         run_cfg = peer_config(base, prompts, n, tokens, threads)

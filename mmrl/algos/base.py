@@ -50,6 +50,12 @@ class Algorithm:
         return batch, {}
 
 
+def keep_rows(batch: Batch, keep: torch.Tensor) -> tuple[Batch, dict[str, float]]:
+    """A filter's result: the rows where ``keep`` (B,) bool is set, and the kept and dropped counts."""
+    kept = batch.select(keep.nonzero().squeeze(-1))
+    return kept, {"filter/kept_samples": float(keep.sum()), "filter/dropped_samples": float((~keep).sum())}
+
+
 class OutcomeAlgorithm(Algorithm):
     """An algorithm whose advantage is one number per response, broadcast over its tokens."""
 

@@ -6,6 +6,7 @@ shaping (the ``overlong_penalty`` reward in ``reward.weights``)."""
 
 from __future__ import annotations
 
+from mmrl.algos.base import keep_rows
 from mmrl.algos.filters import mixed_groups
 from mmrl.algos.grpo import GRPO
 from mmrl.protocol import Batch
@@ -17,6 +18,4 @@ class DAPO(GRPO):
     def filter(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """Keep the groups whose rewards differ (a group of one is kept)."""
         batch.require("token_level_rewards", "uid")
-        keep = mixed_groups(batch["token_level_rewards"].sum(-1), batch["uid"])
-        kept = batch.select(keep.nonzero().squeeze(-1))
-        return kept, {"filter/kept_samples": float(keep.sum()), "filter/dropped_samples": float((~keep).sum())}
+        return keep_rows(batch, mixed_groups(batch["token_level_rewards"].sum(-1), batch["uid"]))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from mmrl.algos.base import keep_rows
 from mmrl.algos.filters import pf_ppo_filter
 from mmrl.algos.ppo import PPO
 from mmrl.protocol import Batch
@@ -20,5 +21,4 @@ class PFPPO(PPO):
         generator = torch.Generator().manual_seed(len(batch))
         keep = pf_ppo_filter(batch["token_level_rewards"].sum(-1), batch["uid"], self.cfg.filter_mode,
                              self.cfg.filter_k, generator=generator)
-        kept = batch.select(keep.nonzero().squeeze(-1))
-        return kept, {"filter/kept_samples": float(keep.sum()), "filter/dropped_samples": float((~keep).sum())}
+        return keep_rows(batch, keep)

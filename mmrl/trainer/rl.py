@@ -220,9 +220,8 @@ class RLTrainer:
             return batch, metrics, filter_metrics
         want, limit = self.cfg.trainer.prompts_per_step, self.cfg.algorithm.max_gen_rounds
         kept, rounds = [batch], 1
-        while len(set(uid for part in kept for uid in part["uid"])) < want:
+        while (groups := len({uid for part in kept for uid in part["uid"]})) < want:
             if rounds >= limit:
-                groups = len(set(uid for part in kept for uid in part["uid"]))
                 raise RuntimeError(
                     f"dynamic sampling: after {rounds} generation rounds only {groups} of {want} prompts had "
                     f"responses whose rewards differ (algorithm.max_gen_rounds={limit}); raise "
