@@ -14,6 +14,7 @@ it needs with :meth:`Batch.require`, which names the missing key and the stage t
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,9 @@ KNOWN_KEYS: dict[str, str] = {
     "responses": "tensor (B, R) int64: response token ids, right-padded",
     "response_mask": "tensor (B, R) float32: 1 on response tokens (eos included), 0 on padding",
     "response_text": "object: decoded response",
+    "prompt_tokens": "tensor (B,) int64: tokens of the sample's prompt (image tokens included)",
+    "image_grids": "object: the prompt's image grids as the model saw them, a list of (t, h, w) per image",
+    "weight_version": "tensor (B,) int64: the version of the policy weights that sampled the response",
     "rollout_log_probs": "tensor (B, R) float32: log-probs the rollout engine reported",
     # actor / reference
     "old_log_probs": "tensor (B, R) float32: log-probs of the policy before the update",
@@ -189,16 +193,46 @@ def balanced_sizes(total: int, num_chunks: int) -> list[int]:
 
 
 def sample_tokens(batch: Batch) -> list[int]:
-    """Per-sample token count, the weight by which DP_COMPUTE balances ranks.
+    """Per-sample token count, the weight by which DP_COMPUTE balances ranks. Returns B ints.
 
-    ``len(prompt)`` (prompt tokens, image tokens included) plus ``response_mask.sum(-1)`` when the batch
-    has responses; 1 per sample when it has no ``prompt`` field (e.g. prompt rows before encoding).
-    Returns B ints.
+    The prompt's tokens, image tokens included: ``len(prompt)`` when the batch holds the encodings, else
+    ``prompt_tokens`` (which rollout returns), else an estimate from the prompt rows' media and text
+    (:func:`estimate_prompt_tokens`), else 1; plus ``response_mask.sum(-1)`` when the batch has responses.
     """
-    if "prompt" not in batch.objects:
-        return [1] * len(batch)
-    weights = [len(p) for p in batch.objects["prompt"]]
+    count = len(batch)
+    if "prompt" in batch.objects:
+        weights = [len(p) for p in batch.objects["prompt"]]
+    elif "prompt_tokens" in batch.tensors:
+        weights = batch.tensors["prompt_tokens"].long().tolist()
+    elif "messages" in batch.objects:
+        videos = batch.objects.get("videos", [[]] * count)
+        weights = [estimate_prompt_tokens(m, i, v) for m, i, v in
+                   zip(batch.objects["messages"], batch.objects.get("images", [[]] * count), videos)]
+    else:
+        weights = [1] * count
     if "response_mask" in batch.tensors:
         responses = batch.tensors["response_mask"].sum(-1).round().long().tolist()
         weights = [w + r for w, r in zip(weights, responses)]
     return weights
+
+
+PIXELS_PER_TOKEN = 28 * 28
+"""Pixels per vision token in the estimate (Qwen-VL: 14-pixel patches merged 2 x 2); only balance depends on it."""
+
+
+def estimate_prompt_tokens(messages: Any, images: Any, videos: Any) -> int:
+    """A prompt row's tokens before it is encoded: its text's characters / 4, plus its images' and video frames'
+    pixels / :data:`PIXELS_PER_TOKEN` (video frames count half: two frames share a temporal patch). Reads
+    only the image headers. None (media a rank already holds) counts 1."""
+    if messages is None:
+        return 1
+    from PIL import Image  # here: the protocol is imported where PIL is not needed
+
+    def pixels(data: bytes) -> int:
+        width, height = Image.open(io.BytesIO(data)).size
+        return width * height
+
+    text = sum(len(m.get("content", "")) for m in messages if isinstance(m.get("content"), str))
+    image_pixels = sum(pixels(b) for b in images or [])
+    frame_pixels = sum(pixels(f) for v in videos or [] for f in v["frames"]) // 2
+    return 1 + text // 4 + (image_pixels + frame_pixels) // PIXELS_PER_TOKEN

@@ -36,7 +36,7 @@ from mmrl.controller.worker import resolve_device
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
 from mmrl.trainer.dataset import PromptLoader, load_rows
-from mmrl.workers.hybrid import ActorRolloutRefWorker
+from pipelines.probes import ProbedActor
 from pipelines.cli import parse
 
 STEPS = 4
@@ -95,7 +95,7 @@ def spawn(cfg: Config) -> WorkerGroup:
     workers = cfg.resources.num_workers
     cpus = float(torch.get_num_threads()) if not use_gpu else 1.0
     pool = ResourcePool(workers, cpus_per_worker=max(cpus / workers, 0.5), use_gpu=use_gpu, name="bench")
-    return WorkerGroup(ActorRolloutRefWorker, pool, threads=max(1, int(cpus // workers)), device=cfg.resources.device)
+    return WorkerGroup(ProbedActor, pool, threads=max(1, int(cpus // workers)), device=cfg.resources.device)
 
 
 def full_step(group: WorkerGroup, prompts: Batch, params: SamplingParams) -> Batch:

@@ -82,9 +82,11 @@ class Worker:
             )
 
     @register(Dispatch.ONE_TO_ALL)
-    def pid(self) -> int:
-        """This rank's process id (for tests that kill a worker)."""
-        return os.getpid()
+    def forget_prompts(self) -> None:
+        """A new step: drop the prompt encodings this rank holds (:mod:`mmrl.workers.prompts`), if any."""
+        cache = getattr(self, "prompt_cache", None)
+        if cache is not None:
+            cache.clear()
 
     @register(Dispatch.ONE_TO_ALL)
     def torch_threads(self) -> int:

@@ -54,9 +54,17 @@ class WorkerGroup:
         self.timeout_s = timeout_s
         self.ship_all_fields = False
         """Send whole Batches to DP_COMPUTE methods, ignoring their declared fields (a ``make bench`` baseline)."""
+        self.group_by_prompt = True
+        """Keep a prompt's samples on the rank that encoded it (False: scatter them by tokens, the layout
+        before prompts stayed on one rank; a ``make bench`` baseline)."""
         self.count_bytes = False
-        """Measure the pickled size of every call's arguments into :attr:`bytes_sent` (costs a pickling)."""
+        """Measure the pickled size of every call's arguments into :attr:`bytes_sent` and of its results into
+        :attr:`bytes_received` (costs a pickling)."""
         self.bytes_sent: Counter[str] = Counter()
+        self.bytes_received: Counter[str] = Counter()
+        self.placement: dict[str, int] = {}
+        """uid -> the rank that holds the prompt's encoding this step (see :meth:`forget_prompts`)."""
+        self.held: list[set[str]] = [set() for _ in range(pool.world_size)]
         remote_cls = ray.remote(worker_cls)
         self.workers = [
             remote_cls.options(
@@ -80,11 +88,27 @@ class WorkerGroup:
                 setattr(self, name, functools.partial(self._call, name, spec))
 
     def _call(self, method: str, spec: DispatchSpec, *args: Any, **kwargs: Any) -> Any:
-        per_rank, plan = split_args(spec, self.world_size, args, kwargs, self.ship_all_fields)
+        grouped = spec.prompts and self.group_by_prompt
+        per_rank, plan = split_args(spec, self.world_size, args, kwargs, self.ship_all_fields,
+                                    self.placement if grouped else None, self.held if grouped else None,
+                                    by_group=self.group_by_prompt)
+        if grouped and plan is not None and plan.ranks and spec.keep_prompts:
+            self.placement.update(plan.ranks)
+            for rank, ((part, *_), _kw) in enumerate(per_rank):
+                self.held[rank].update(part["uid"])
         if self.count_bytes:
             self.bytes_sent[method] += sum(len(ray.cloudpickle.dumps(call)) for call in per_rank)
         refs = [getattr(w, method).remote(*a, **kw) for w, (a, kw) in zip(self.workers, per_rank)]
-        return collect(spec.mode, self._gather(method, refs), plan)
+        results = self._gather(method, refs)
+        if self.count_bytes:
+            self.bytes_received[method] += sum(len(ray.cloudpickle.dumps(r)) for r in results)
+        return collect(spec.mode, results, plan)
+
+    def forget_prompts(self) -> None:
+        """A new step: every rank drops the prompt encodings it holds, and groups may go anywhere again."""
+        self.placement.clear()
+        self.held = [set() for _ in range(self.world_size)]
+        self._gather("forget_prompts", [w.forget_prompts.remote() for w in self.workers])
 
     def _gather(self, method: str, refs: list[ray.ObjectRef]) -> list[Any]:
         """Every rank's result, in rank order; raises WorkerFailure when a rank died or the deadline passed."""

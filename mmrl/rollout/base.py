@@ -60,8 +60,9 @@ class RolloutEngine(Protocol):
         """Load the trainer's current weights (Hugging Face names, full tensors, streamed one at a time)."""
         ...
 
-    def release(self) -> None:
-        """Free the weights (and caches) the engine holds, after a rollout."""
+    def release(self) -> bool:
+        """Free what the engine can between rollouts; True when that dropped its weights (the next rollout
+        needs :meth:`update_weights` first)."""
         ...
 
     def shutdown(self) -> None:

@@ -5,10 +5,10 @@ Two ways to hold the weights, chosen by the hybrid worker:
 
 - shared (``owns_weights=False``): the engine runs on the actor's own module (every part replicated), so
   the weights it samples with are the trained weights by construction and nothing is copied;
-- owned (``owns_weights=True``): the engine loads its own copy of the checkpoint. In the hybrid worker
-  its parameters are empty between rollouts: before a rollout, :meth:`update_weights` receives the
-  actor's full tensors one at a time (gathered part by part from the FSDP shards); :meth:`release`
-  drops them after it.
+- owned (``owns_weights=True``): the engine loads its own copy of the checkpoint. :meth:`update_weights`
+  receives the actor's full tensors one at a time (gathered part by part from the FSDP shards) when the
+  actor's weights changed; with ``rollout.free_cache_engine`` the hybrid worker calls :meth:`release`
+  after a step's rollouts, which empties the parameters until the next update.
 """
 
 from __future__ import annotations
@@ -83,11 +83,12 @@ class HFRolloutEngine:
     def shutdown(self) -> None:
         """Nothing runs beside the module: dropping the engine frees it."""
 
-    def release(self) -> None:
-        """Free the engine's own weights after a rollout (a no-op when it shares the actor's module)."""
+    def release(self) -> bool:
+        """Free the engine's own weights between rollouts (a no-op when it shares the actor's module)."""
         if self.owns_weights:
             for param in self.model.parameters():
                 param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+        return self.owns_weights
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[EncodedPrompt], params: SamplingParams) -> RolloutOutput:

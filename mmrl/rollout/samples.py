@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+import torch
 
 from data_prep.schema import decode_image, decode_video
 from mmrl.models.encoding import EncodedPrompt, encode_prompt
@@ -10,33 +13,57 @@ from mmrl.protocol import Batch
 from mmrl.rollout.base import RolloutEngine, SamplingParams
 
 
+def encode_row(processor: Any, messages: list[dict], images: list[bytes], videos: list[dict] | None,
+               name: str) -> EncodedPrompt:
+    """One prompt row (``<image>`` / ``<video>`` placeholders in ``messages``, PNG bytes, stored frames) ->
+    its EncodedPrompt, named ``name`` in error messages."""
+    return encode_prompt(processor, messages, [decode_image(b) for b in images],
+                         [decode_video(v) for v in videos or []], name=name)
+
+
 def encode_rows(processor: Any, prompts: Batch) -> list[EncodedPrompt]:
-    """One EncodedPrompt per prompt row (``messages`` with ``<image>`` / ``<video>`` placeholders, ``images``
-    as PNG bytes, ``videos`` as stored frames), named by its ``uid`` when the Batch has one."""
+    """One EncodedPrompt per prompt row (``messages``, ``images``, optional ``videos``), named by its ``uid``
+    when the Batch has one."""
     prompts.require("messages", "images")
     count = len(prompts)
     names = prompts["uid"] if "uid" in prompts.objects else [f"#{i}" for i in range(count)]
     videos = prompts["videos"] if "videos" in prompts.objects else [[]] * count
-    return [
-        encode_prompt(processor, messages, [decode_image(b) for b in images], [decode_video(v) for v in clips],
-                      name=str(name))
-        for messages, images, clips, name in zip(prompts["messages"], prompts["images"], videos, names)
-    ]
+    return [encode_row(processor, m, i, v, str(name))
+            for m, i, v, name in zip(prompts["messages"], prompts["images"], videos, names)]
 
 
 def generate_samples(engine: RolloutEngine, processor: Any, prompts: Batch, params: SamplingParams) -> Batch:
-    """prompts (B rows) -> B*n samples, the n samples of prompt i at rows i*n .. i*n+n-1.
+    """Prompt rows -> their samples (:func:`sample_encoded`, version 0, with the encodings), for the stages
+    that generate in one process (SFT's and the eval stage's evaluation, the judge)."""
+    return sample_encoded(engine, encode_rows(processor, prompts), params, version=0, with_prompts=True)
 
-    Returns prompt (the EncodedPrompt, one object shared by its n samples), responses (B*n, R),
-    response_mask (B*n, R), rollout_log_probs (B*n, R) and response_text.
+
+def sample_encoded(engine: RolloutEngine, prompts: Sequence[EncodedPrompt], params: SamplingParams,
+                   version: int, with_prompts: bool = False) -> Batch:
+    """B encoded prompts -> B*n samples, the n samples of prompt i at rows i*n .. i*n+n-1.
+
+    Returns responses (B*n, R), response_mask and policy_mask (B*n, R; equal: a single-turn response is the
+    policy's own), rollout_log_probs (B*n, R), weight_version (B*n,) (``version``), prompt_tokens (B*n,),
+    response_text, and image_grids (per sample the prompt's (t, h, w) grids, one list shared by its n
+    samples, for rewards that need image sizes). The encodings themselves (``prompt``) come back only
+    ``with_prompts``: they stay on the worker that encoded them.
     """
-    encoded = encode_rows(processor, prompts)
-    out = engine.generate(encoded, params)
+    out = engine.generate(prompts, params)
+    n = params.n
+    grids = [[tuple(int(x) for x in g) for g in p.image_grid_thw] if p.image_grid_thw is not None else []
+             for p in prompts]
+    objects = {"response_text": out.texts, "image_grids": [g for g in grids for _ in range(n)]}
+    if with_prompts:
+        objects["prompt"] = [p for p in prompts for _ in range(n)]
+    lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long).repeat_interleave(n)
     return Batch(
         tensors={
             "responses": out.responses,
             "response_mask": out.response_mask,
+            "policy_mask": out.response_mask.clone(),
             "rollout_log_probs": out.log_probs,
+            "weight_version": torch.full((len(lengths),), version, dtype=torch.long),
+            "prompt_tokens": lengths,
         },
-        objects={"prompt": [p for p in encoded for _ in range(params.n)], "response_text": out.texts},
+        objects=objects,
     )

@@ -108,12 +108,14 @@ class VLLMRolloutEngine:
         self.llm.llm_engine.reset_encoder_cache()
         return count
 
-    def release(self) -> None:
+    def release(self) -> bool:
         """Between rollouts: sleep (KV cache and weights freed) when ``rollout.free_cache_engine`` and the
-        platform allow it; otherwise keep everything (the next update overwrites the weights in place)."""
+        platform allow it; otherwise keep everything (the next update overwrites the weights in place).
+        True when the weights were freed."""
         if self.sleeps and not self.asleep:
             self.llm.sleep(level=2)
             self.asleep = True
+        return self.asleep
 
     def shutdown(self) -> None:
         self.llm.llm_engine.engine_core.shutdown()

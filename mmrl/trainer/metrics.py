@@ -70,7 +70,7 @@ def value_metrics(batch: Batch) -> dict[str, float]:
 
 def timing_metrics(batch: Batch, timing: dict[str, float], world_size: int) -> dict[str, float]:
     """``timing_s/<stage>`` and the step's token throughput per worker."""
-    tokens = float(batch["response_mask"].sum()) + sum(len(p) for p in batch["prompt"])
+    tokens = float(batch["response_mask"].sum() + batch["prompt_tokens"].sum())
     metrics = {f"timing_s/{k}": v for k, v in timing.items()}
     metrics["perf/throughput"] = tokens / timing["step"] / world_size
     metrics["perf/total_num_tokens"] = tokens

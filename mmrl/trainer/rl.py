@@ -58,6 +58,10 @@ CURVES = {
 
 
 class RLTrainer:
+    # The worker classes of the groups (a test or benchmark may put probed subclasses here).
+    actor_worker: type = ActorRolloutRefWorker
+    critic_worker: type = CriticWorker
+
     def __init__(self, cfg: Config, checkpoint: str | None = None) -> None:
         self.cfg = cfg
         self.checkpoint = checkpoint or cfg.trainer.init
@@ -105,7 +109,7 @@ class RLTrainer:
         use_gpu = resolve_device(res.device).type == "cuda"
         # Each group beside the actor's: (name, worker class, placement, checkpoint).
         extra = [(name, worker, placement, path) for name, worker, placement, path, wanted in (
-            ("critic", CriticWorker, cfg.critic.placement, cfg.critic.init or self.checkpoint,
+            ("critic", self.critic_worker, cfg.critic.placement, cfg.critic.init or self.checkpoint,
              self.algorithm.needs_critic),
             ("reward_model", RewardModelWorker, cfg.reward.model.placement, cfg.reward.model.path,
              bool(cfg.reward.model.path)),
@@ -116,7 +120,7 @@ class RLTrainer:
         pool = ResourcePool(res.num_workers, cpus, use_gpu, name="actor_rollout_ref")
         colocated = 1 + len(extra) - len(separate)
         group = dict(threads=threads, device=res.device, timeout_s=timeout)
-        self.workers = WorkerGroup(ActorRolloutRefWorker, pool, share=1.0 / colocated, **group)
+        self.workers = WorkerGroup(self.actor_worker, pool, share=1.0 / colocated, **group)
         self.workers.init_model(cfg, self.checkpoint, self.with_reference)
         self.groups: dict[str, WorkerGroup] = {}
         for name, worker, placement, path in extra:
@@ -179,7 +183,9 @@ class RLTrainer:
         ``trainer/skipped_step``) when a reward or an advantage is not finite."""
         self.timing = {}
         with self.timer("step"):
+            syncs = self.begin_step()
             batch, metrics, filter_metrics = self.collect(prompts)
+            self.workers.release_engine()
             if self.old_log_probs == "recompute":
                 with self.timer("old_log_prob"):
                     batch = batch.union(self.workers.compute_log_probs(batch))
@@ -196,8 +202,22 @@ class RLTrainer:
             with self.timer("adv"):
                 batch = batch.union(self.algorithm.compute_advantages(batch))
             metrics |= self.update(batch)
-        metrics |= filter_metrics | step_metrics(batch) | value_metrics(batch)
+            syncs += self.sync_weights(wake=False)
+        metrics |= filter_metrics | step_metrics(batch) | value_metrics(batch) | {"rollout/weight_syncs": float(syncs)}
         return metrics | timing_metrics(batch, self.timing, self.workers.world_size)
+
+    def begin_step(self) -> int:
+        """Every group drops the last step's prompt encodings; the engine gets the current weights (when its
+        copy is behind or was freed). Returns the number of weight syncs (0 or 1)."""
+        for group in (self.workers, *self.groups.values()):
+            group.forget_prompts()
+        return self.sync_weights(wake=True)
+
+    def sync_weights(self, wake: bool) -> int:
+        """The ``update_weights`` stage: the actor's weights into the rollout engine, if its version changed
+        (into a freed engine only with ``wake``). Returns 1 when they moved, else 0."""
+        with self.timer("update_weights"):
+            return self.workers.sync_weights(wake)[0]
 
     def sample(self, prompts: Batch) -> tuple[Batch, dict[str, float]]:
         """n responses to each prompt, scored (and the greedy baseline's scores when the algorithm needs them)."""
@@ -361,8 +381,10 @@ class RLTrainer:
 
     def validate(self, tracker: Tracker, step: int) -> dict[str, float]:
         with self.timer("val"):
-            result: EvalResult = evaluate(self.workers.generate, self.val_rows, self.verifier,
+            self.sync_weights(wake=True)
+            result: EvalResult = evaluate(self.workers.generate_once, self.val_rows, self.verifier,
                                           self.cfg.eval.batch_size, self.cfg.rollout.max_new_tokens)
+            self.workers.release_engine()
         tracker.log_dict(samples_table(result.samples), f"rollouts/step_{step:05d}.json")
         tracker.log_text(samples_html(result.samples, f"val rollouts at step {step}"), f"rollouts/step_{step:05d}.html")
         return result.metrics("val") | {"timing_s/val": self.timing["val"]}

@@ -19,11 +19,12 @@ from mmrl.models.encoding import collate
 from mmrl.models.loading import load_processor
 from mmrl.parallel.sharding import Layout, full_state
 from mmrl.protocol import Batch
+from mmrl.workers.micro import micro_batches
 from mmrl.workers.model_builder import build_model
+from mmrl.workers.prompts import SCORED, PromptCache
 from mmrl.workers.train_state import CheckpointedWorker
 from mmrl.workers.update import AllReduce, DataParallelUpdater
 
-SCORED = ("prompt", "responses", "response_mask")
 
 
 def batch_values(model: torch.nn.Module, batch: Batch, pad_token_id: int, device: torch.device) -> torch.Tensor:
@@ -70,26 +71,27 @@ class CriticWorker(CheckpointedWorker):
         """Build the value model from a policy checkpoint and lay it out; returns its parameter count."""
         torch.manual_seed(cfg.seed + self.rank)
         self.cfg = cfg.critic
-        self.pad_token_id = load_processor(checkpoint).tokenizer.pad_token_id
+        processor = load_processor(checkpoint)
+        self.pad_token_id = processor.tokenizer.pad_token_id
+        self.prompt_cache = PromptCache(processor)
         self.layout = build_model(cfg, "critic", checkpoint, device=self.device, world_size=self.world_size)
         self.updater = ValueUpdater(self.layout, self.cfg, self.pad_token_id, self.device, self.all_reduce_sum)
         return sum(p.numel() for p in self.layout.root.parameters())
 
-    @register(Dispatch.DP_COMPUTE, fields=SCORED)
+    @register(Dispatch.DP_COMPUTE, fields=SCORED, optional=("policy_mask",), prompts=True)
     def compute_values(self, batch: Batch) -> Batch:
         """-> values (B, R): the critic's V(s_t) before each response token."""
-        batch.require("prompt", "responses", "response_mask")
+        batch = self.prompt_cache.attach(batch)
         out = []
         with torch.no_grad():
-            for start in range(0, len(batch), self.cfg.micro_batch_size):
-                micro = batch.slice(start, start + self.cfg.micro_batch_size)
+            for micro in micro_batches(batch, self.cfg.micro_batch_size, 0, False, self.all_reduce_sum):
                 out.append(batch_values(self.layout.root, micro, self.pad_token_id, self.device).cpu())
         return Batch(tensors={"values": torch.cat(out)})
 
-    @register(Dispatch.DP_COMPUTE, fields=(*SCORED, "values", "returns"))
+    @register(Dispatch.DP_COMPUTE, fields=(*SCORED, "values", "returns"), optional=("policy_mask",), prompts=True)
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """Value-loss epochs over the batch (values = rollout-time values, returns = GAE targets)."""
-        return self.updater.update(batch)
+        return self.updater.update(self.prompt_cache.attach(batch))
 
     @register(Dispatch.RANK_ZERO)
     def save_checkpoint(self, path: str) -> str:
@@ -100,8 +102,3 @@ class CriticWorker(CheckpointedWorker):
             folder.mkdir(parents=True, exist_ok=True)
             save_file(state, str(folder / "value_model.safetensors"))
         return str(path)
-
-    @register(Dispatch.ONE_TO_ALL)
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Copies of the full parameters of the value model (for tests and checkpoints)."""
-        return {name: t.detach().cpu().clone() for name, t in full_state(self.layout.root)}

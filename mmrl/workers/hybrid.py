@@ -3,21 +3,30 @@ a frozen reference copy (HybridFlow's colocated "actor-rollout-ref").
 
 The actor and the reference are laid out by ``actor.vision`` / ``actor.llm`` (replicated or FSDP2
 sharded). The rollout engine (``rollout.engine``) needs full weights: an hf engine runs on the actor's own
-module when every part is replicated; otherwise the engine holds its own copy, which receives the gathered
-weights (Hugging Face names) before each rollout and frees them after it. Checkpoints are written from
-the same gathered state, never from the engine.
+module when every part is replicated; otherwise the engine holds its own copy.
+
+**Weight versions.** The actor's weights carry a version, 0 at load, that each ``update_actor`` increments.
+The engine's copy carries the version it was loaded with. :meth:`sync_weights` (the driver's
+``update_weights`` stage) gathers the actor's full tensors and loads them into the engine only when the two
+differ, so the rollouts, evaluation batches and extra generation rounds of one step share one sync. With
+``rollout.free_cache_engine`` the driver calls :meth:`release_engine` after the step's rollouts: an engine that
+then frees its weights (an hf copy; vLLM's sleep mode, GPU only) holds no version until the next
+``sync_weights(wake=True)``. Every sample records the version it was sampled with (``weight_version``).
+Checkpoints are written from the same gathered state, never from the engine.
+
+**Prompts.** Each rank keeps the encodings of the prompts it generated for (:class:`PromptCache`): the
+log-prob passes and the update receive uids, not pixels.
 """
 
 from __future__ import annotations
 
-import time
+import json
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from mmrl.algos import needs_reference, policy_loss
+from mmrl.algos import ALGORITHMS, needs_reference, policy_loss
 from mmrl.config import Config
 from mmrl.controller import Dispatch, register
 from mmrl.models.encoding import vision_token_ids
@@ -26,12 +35,14 @@ from mmrl.models.weights import to_hf_names
 from mmrl.parallel.sharding import full_state
 from mmrl.protocol import Batch
 from mmrl.rollout import RolloutEngine, SamplingParams, build_rollout_engine
-from mmrl.rollout.samples import generate_samples
+from mmrl.rollout.samples import sample_encoded
 from mmrl.workers.actor import LogProbSpec, PolicyUpdater, batched_logprobs
 from mmrl.workers.model_builder import build_model
+from mmrl.workers.prompts import SCORED, PromptCache
 from mmrl.workers.train_state import CheckpointedWorker
 
-SCORED = ("prompt", "responses", "response_mask")  # what every log-prob pass reads
+# The per-sample fields any algorithm's policy loss may read beyond advantages (each algorithm declares its own).
+LOSS_FIELDS = tuple(sorted({f for algorithm in ALGORITHMS.values() for f in getattr(algorithm, "loss_fields", ())}))
 
 
 class ActorRolloutRefWorker(CheckpointedWorker):
@@ -55,12 +66,15 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         use_reference = needs_reference(cfg) if with_reference is None else with_reference
         self.reference = build_model(cfg, "reference", checkpoint, **build) if use_reference else None
         self.rollout: RolloutEngine | None = None
+        self.version = 0  # of the actor's weights: +1 per update
+        self.engine_version: int | None = 0  # of the engine's weights (loaded from the same checkpoint); None: freed
+        self.prompt_cache = PromptCache(self.processor)
         if with_rollout:
             shared = None if self.actor.is_sharded else self.actor.root.model
             self.rollout = build_rollout_engine(
                 cfg, checkpoint=checkpoint, processor=self.processor, device=self.device, policy=shared
             )
-            self.rollout.release()
+            self.release_engine()
         tokenizer = self.processor.tokenizer
         self.spec = LogProbSpec(
             pad_token_id=tokenizer.pad_token_id,
@@ -79,53 +93,92 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         """The actor's full tensors with Hugging Face names, one at a time (all ranks iterate in step)."""
         return to_hf_names(full_state(self.actor.root))
 
-    @contextmanager
-    def weights_in_engine(self) -> Iterator[RolloutEngine]:
-        """The rollout engine holding the actor's current weights, for as long as the block runs."""
+    # ---- the rollout engine's weights ---------------------------------------------------------
+
+    def engine(self) -> RolloutEngine:
         if self.rollout is None:
             raise RuntimeError("this worker was built with with_rollout=False: it has no rollout engine")
-        self.rollout.update_weights(self.hf_weights())
-        try:
-            yield self.rollout
-        finally:
-            self.rollout.release()
-
-    @register(Dispatch.DP_COMPUTE, fields=("messages", "images"), optional=("videos", "uid"))
-    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
-        """prompts (one row per prompt: messages, images) -> one row per sample (n per prompt, in order).
-
-        Returns prompt (EncodedPrompt, shared by the n samples), responses (B*n, R), response_mask,
-        rollout_log_probs and response_text.
-        """
-        with self.weights_in_engine() as engine:
-            return generate_samples(engine, self.processor, prompts, params)
+        return self.rollout
 
     @register(Dispatch.ONE_TO_ALL)
-    def time_weight_update(self) -> float:
-        """Seconds to hand the actor's current weights to the rollout engine and release them (benchmarks)."""
-        start = time.perf_counter()
-        with self.weights_in_engine():
-            pass
-        return time.perf_counter() - start
+    def sync_weights(self, wake: bool = True) -> int:
+        """Load the actor's weights into the rollout engine when its version is behind; an engine whose
+        weights were freed is loaded only with ``wake``. Returns 1 when weights were loaded, else 0 (every
+        rank takes the same decision: the versions move in step)."""
+        engine = self.engine()
+        if self.engine_version == self.version or (self.engine_version is None and not wake):
+            return 0
+        engine.update_weights(self.hf_weights())
+        self.engine_version = self.version
+        return 1
 
-    @register(Dispatch.DP_COMPUTE, fields=SCORED)
+    @register(Dispatch.ONE_TO_ALL)
+    def release_engine(self) -> None:
+        """After a step's rollouts: with ``rollout.free_cache_engine``, the engine frees what it can (an hf
+        engine its own copy of the weights, vLLM its KV cache and weights where it can sleep)."""
+        if self.cfg.rollout.free_cache_engine and self.engine().release():
+            self.engine_version = None
+
+    def rollout_batch(self, prompts: Batch, params: SamplingParams, keep: bool, return_prompts: bool) -> Batch:
+        encoded = self.prompt_cache.attach(prompts, keep=keep)["prompt"]
+        self.sync_weights(wake=True)  # a no-op after the driver's update_weights stage
+        return sample_encoded(self.engine(), encoded, params, self.version, with_prompts=return_prompts)
+
+    @register(Dispatch.DP_COMPUTE, fields=("messages", "images"), prompts=True)
+    def generate(self, prompts: Batch, params: SamplingParams, return_prompts: bool = False) -> Batch:
+        """prompts (one row per prompt: uid, messages, images, videos) -> one row per sample (n per prompt,
+        in order): see :func:`mmrl.rollout.samples.sample_encoded`. The rank keeps the prompts' encodings for
+        the step's later calls; ``return_prompts`` also sends them back (a ``make bench`` baseline)."""
+        return self.rollout_batch(prompts, params, keep=True, return_prompts=return_prompts)
+
+    @register(Dispatch.DP_COMPUTE, fields=("messages", "images"), prompts=True, keep_prompts=False)
+    def generate_once(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """:meth:`generate` for prompts no later call needs (evaluation): their encodings are not kept."""
+        return self.rollout_batch(prompts, params, keep=False, return_prompts=False)
+
+    # ---- log-probs and the update -------------------------------------------------------------
+
+    @register(Dispatch.DP_COMPUTE, fields=SCORED, optional=("policy_mask",), prompts=True)
     def compute_log_probs(self, batch: Batch) -> Batch:
         """-> old_log_probs (B, R) and entropy (B, R) under the current policy."""
+        batch = self.prompt_cache.attach(batch)
         logp, entropy = batched_logprobs(self.actor.root, batch, self.spec, self.device, True, self.all_reduce_sum)
         return Batch(tensors={"old_log_probs": logp, "entropy": entropy})
 
-    @register(Dispatch.DP_COMPUTE, fields=SCORED)
+    @register(Dispatch.DP_COMPUTE, fields=SCORED, optional=("policy_mask",), prompts=True)
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
         """-> ref_log_probs (B, R) under the frozen reference policy."""
         if self.reference is None:
             raise RuntimeError("no reference policy was loaded: set actor.use_kl_loss=true to use one")
+        batch = self.prompt_cache.attach(batch)
         logp, _ = batched_logprobs(self.reference.root, batch, self.spec, self.device, False, self.all_reduce_sum)
         return Batch(tensors={"ref_log_probs": logp})
 
-    @register(Dispatch.DP_COMPUTE, fields=(*SCORED, "advantages"), optional=("old_log_probs", "ref_log_probs", "correct"))
+    @register(Dispatch.DP_COMPUTE, fields=(*SCORED, "advantages"),
+              optional=("policy_mask", "old_log_probs", "ref_log_probs", *LOSS_FIELDS), prompts=True)
     def update_actor(self, batch: Batch) -> dict[str, float]:
-        """PPO epochs over the batch; returns metrics that are identical on every rank."""
-        return self.updater.update(batch)
+        """PPO epochs over the batch; returns metrics that are identical on every rank. The weights' version
+        moves on by one."""
+        metrics = self.updater.update(self.prompt_cache.attach(batch))
+        self.version += 1
+        return metrics | {"actor/weight_version": float(self.version)}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save_state(self, folder: str) -> None:
+        """The training state (see :class:`CheckpointedWorker`) and the weights' version."""
+        super().save_state(folder)
+        if self.rank == 0:
+            (Path(folder) / "weight_version.json").write_text(json.dumps({"version": self.version}))
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_state(self, folder: str) -> None:
+        """Load the training state and its version; the engine's copy is then stale (synced before the next
+        rollout)."""
+        super().load_state(folder)
+        saved = Path(folder) / "weight_version.json"
+        self.version = json.loads(saved.read_text())["version"] if saved.is_file() else self.version + 1
+        if self.engine_version is not None:
+            self.engine_version = -1
 
     @register(Dispatch.RANK_ZERO)
     def save_checkpoint(self, path: str) -> str:
@@ -137,36 +190,3 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         if self.rank == 0:
             save_checkpoint(self.actor.root.model, self.processor, Path(path), state)
         return str(path)
-
-    @register(Dispatch.ONE_TO_ALL)
-    def full_state_dict(self, part: str = "all") -> dict[str, torch.Tensor]:
-        """Copies of the full parameters (``part``: all | vision | llm), Hugging Face names; for tests."""
-        out = {}
-        for name, tensor in self.hf_weights():
-            is_vision = ".visual." in f".{name}"
-            if part == "all" or (part == "vision") == is_vision:
-                out[name] = tensor.detach().cpu().clone()
-        return out
-
-    @register(Dispatch.ONE_TO_ALL)
-    def layout_report(self) -> dict[str, object]:
-        """What this rank holds: parameter kinds, optimizer-state owners and gradients (for tests)."""
-        visual = self.actor.root.core.visual
-        vision_ids = {id(p) for p in visual.parameters()}
-        state_owners = [id(p) for p in self.updater.optimizer.state]
-        return {
-            "sharded": len(self.actor.sharded),
-            "replicated": len(self.actor.replicated),
-            "vision_params_with_optimizer_state": sum(i in vision_ids for i in state_owners),
-            "params_with_optimizer_state": len(state_owners),
-            "vision_params_with_grad": sum(p.grad is not None for p in visual.parameters()),
-            "rollout_params_held": self._rollout_params_held(),
-        }
-
-    def _rollout_params_held(self) -> int:
-        """Elements an hf rollout engine holds on its own (-1: it shares the actor's module, or is not hf)."""
-        from mmrl.rollout.hf import HFRolloutEngine
-
-        if not isinstance(self.rollout, HFRolloutEngine) or not self.rollout.owns_weights:
-            return -1
-        return sum(p.numel() for p in self.rollout.model.parameters())

@@ -60,7 +60,3 @@ class JudgeWorker(Worker):
                      "judge_parsed": torch.tensor([float(v is not None) for v in verdicts])},
             objects={"judge_text": list(texts)},
         )
-
-    @register(Dispatch.ONE_TO_ALL)
-    def shutdown_engine(self) -> None:
-        self.engine.shutdown()

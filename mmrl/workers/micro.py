@@ -1,9 +1,11 @@
-"""Micro-batches of a rank's rows: by a row count, or by a token budget (``max_tokens_per_micro``).
+"""Mini- and micro-batches of a rank's rows: by a row count, or by a token budget (``max_tokens_per_micro``).
 
-A token budget keeps each forward's work even when responses differ in length: short responses share a
-micro-batch, long ones get fewer neighbours. Sharded (FSDP) forwards are collectives, so every rank must run
-as many micro-batches as every other: the count is the largest any rank needs, and a rank that needs fewer
-splits its heaviest micro-batches until it has as many.
+Both are cut between prompts: the samples of one prompt stay in one micro-batch (and one mini-batch), so its
+media go through the vision tower once per pass (unless its samples alone exceed the budget). A token budget
+keeps each forward's work even when responses differ in length: short responses share a micro-batch, long
+ones get fewer neighbours. Sharded (FSDP) forwards are collectives, so every rank must run as many
+micro-batches as every other: the count is the largest any rank needs, and a rank that needs fewer splits its
+heaviest micro-batches until it has as many.
 """
 
 from __future__ import annotations
@@ -12,9 +14,23 @@ from collections.abc import Callable
 
 import torch
 
-from mmrl.protocol import Batch
+from mmrl.protocol import Batch, balanced_sizes
 
 AllReduce = Callable[[torch.Tensor], torch.Tensor]
+Cost = Callable[[int, int], int]
+
+
+def prompt_runs(batch: Batch) -> list[tuple[int, int]]:
+    """Consecutive row ranges [start, stop) that share one prompt: the same ``prompt`` object, else the same
+    ``uid``; each row alone when the batch has neither."""
+    keys = ([id(p) for p in batch["prompt"]] if "prompt" in batch.objects else
+            batch["uid"] if "uid" in batch.objects else list(range(len(batch))))
+    runs, start = [], 0
+    for row in range(1, len(keys) + 1):
+        if row == len(keys) or keys[row] != keys[start]:
+            runs.append((start, row))
+            start = row
+    return runs
 
 
 def row_tokens(batch: Batch, start: int, stop: int, share_prompt: bool) -> int:
@@ -25,13 +41,23 @@ def row_tokens(batch: Batch, start: int, stop: int, share_prompt: bool) -> int:
     return int(batch["response_mask"][start:stop].sum()) + sum(distinct)
 
 
-def greedy_ranges(batch: Batch, budget: int, share_prompt: bool) -> list[tuple[int, int]]:
-    """Consecutive row ranges, each within ``budget`` tokens (a single row over it stands alone)."""
+def greedy_ranges(batch: Batch, budget: int, share_prompt: bool, cost: Cost | None = None) -> list[tuple[int, int]]:
+    """Consecutive row ranges, each within ``budget`` by ``cost`` (default: :func:`row_tokens`), cut between
+    prompt runs; a run over the budget is cut between its rows (a single row over it stands alone)."""
+    cost = cost or (lambda start, stop: row_tokens(batch, start, stop, share_prompt))
     ranges, start = [], 0
-    for stop in range(1, len(batch) + 1):
-        if stop - start > 1 and row_tokens(batch, start, stop, share_prompt) > budget:
-            ranges.append((start, stop - 1))
-            start = stop - 1
+    for run_start, run_stop in prompt_runs(batch):
+        if cost(start, run_stop) <= budget:
+            continue  # the run joins the open range
+        if start < run_start:
+            ranges.append((start, run_start))
+            start = run_start
+        if cost(start, run_stop) <= budget:
+            continue
+        for stop in range(run_start + 1, run_stop + 1):
+            if stop - start > 1 and cost(start, stop) > budget:
+                ranges.append((start, stop - 1))
+                start = stop - 1
     if len(batch):
         ranges.append((start, len(batch)))
     return ranges
@@ -60,16 +86,37 @@ def split_to(ranges: list[tuple[int, int]], count: int, batch: Batch, share_prom
 
 
 def micro_batches(
-    batch: Batch, rows: int, budget: int, share_prompt: bool, all_reduce: AllReduce | None
+    batch: Batch, rows: int, budget: int, share_prompt: bool, all_reduce: AllReduce | None, slots: int = 0
 ) -> list[Batch]:
-    """``batch`` cut into micro-batches of ``rows`` rows, or by the token ``budget`` when it is > 0.
+    """``batch`` cut into micro-batches of at most ``rows`` rows, or by the token ``budget`` when it is > 0,
+    between prompts where it can (:func:`greedy_ranges`).
 
-    With a budget, ``all_reduce`` (a sum over ranks; None on one rank) makes the count equal on all ranks.
-    Every rank's batch must have the same number of rows (the dispatcher pads them so).
+    ``all_reduce`` (a sum over ranks; None on one rank) makes the count equal on all ranks; ``slots`` bounds
+    any rank's count and must be the same on all of them (default ``len(batch)``, right when every rank's
+    batch has as many rows, as the dispatcher pads them).
     """
     if budget <= 0:
-        return [batch.slice(start, start + rows) for start in range(0, len(batch), rows)]
-    ranges = greedy_ranges(batch, budget, share_prompt)
+        ranges = greedy_ranges(batch, rows, share_prompt, cost=lambda start, stop: stop - start)
+    else:
+        ranges = greedy_ranges(batch, budget, share_prompt)
     if all_reduce is not None:
-        ranges = split_to(ranges, global_max(len(ranges), len(batch), all_reduce), batch, share_prompt)
+        ranges = split_to(ranges, global_max(len(ranges), slots or len(batch), all_reduce), batch, share_prompt)
     return [batch.slice(start, stop) for start, stop in ranges]
+
+
+def mini_batches(batch: Batch, count: int) -> list[Batch]:
+    """``count`` consecutive pieces of ``batch`` of about equal row counts, cut between prompt runs (each cut at
+    the run boundary nearest its share of the rows); by rows alone when there are fewer runs than pieces."""
+    runs = prompt_runs(batch)
+    if len(runs) < count:
+        return batch.split(balanced_sizes(len(batch), count))
+    bounds = [stop for _, stop in runs[:-1]]  # where a cut may go
+    cuts, low = [], 0
+    for k in range(1, count):
+        high = len(bounds) - (count - 1 - k)  # leave a boundary for each cut still to come
+        target = k * len(batch) / count
+        at = min(range(low, high), key=lambda i: (abs(bounds[i] - target), i))
+        cuts.append(bounds[at])
+        low = at + 1
+    edges = [0, *cuts, len(batch)]
+    return [batch.slice(a, b) for a, b in zip(edges, edges[1:])]

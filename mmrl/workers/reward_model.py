@@ -14,9 +14,10 @@ from mmrl.controller import Dispatch, Worker, register
 from mmrl.models.encoding import collate
 from mmrl.models.loading import load_processor
 from mmrl.protocol import Batch
+from mmrl.workers.micro import micro_batches
 from mmrl.workers.model_builder import build_model
+from mmrl.workers.prompts import SCORED, PromptCache
 
-SCORED = ("prompt", "responses", "response_mask")
 
 
 def sequence_scores(model: torch.nn.Module, batch: Batch, pad_token_id: int, device: torch.device) -> torch.Tensor:
@@ -34,17 +35,18 @@ class RewardModelWorker(Worker):
     def init_model(self, cfg: Config, checkpoint: str) -> int:
         """Load the reward model at ``checkpoint`` (backbone + ``value_head.safetensors``); returns its size."""
         self.micro_batch_size = cfg.reward.model.micro_batch_size
-        self.pad_token_id = load_processor(checkpoint).tokenizer.pad_token_id
+        processor = load_processor(checkpoint)
+        self.pad_token_id = processor.tokenizer.pad_token_id
+        self.prompt_cache = PromptCache(processor)
         self.layout = build_model(cfg, "reward_model", checkpoint, device=self.device, world_size=self.world_size)
         return sum(p.numel() for p in self.layout.root.parameters())
 
-    @register(Dispatch.DP_COMPUTE, fields=SCORED)
+    @register(Dispatch.DP_COMPUTE, fields=SCORED, prompts=True)
     def compute_rm_scores(self, batch: Batch) -> Batch:
         """-> rm_scores (B,): the reward model's score of each (prompt, media, response)."""
-        batch.require(*SCORED)
+        batch = self.prompt_cache.attach(batch)
         out = []
         with torch.no_grad():
-            for start in range(0, len(batch), self.micro_batch_size):
-                micro = batch.slice(start, start + self.micro_batch_size)
+            for micro in micro_batches(batch, self.micro_batch_size, 0, False, self.all_reduce_sum):
                 out.append(sequence_scores(self.layout.root, micro, self.pad_token_id, self.device).cpu())
         return Batch(tensors={"rm_scores": torch.cat(out)})

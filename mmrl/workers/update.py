@@ -19,8 +19,8 @@ import torch
 from mmrl.config import UpdateConfig
 from mmrl.parallel.grads import clip_grad_norm, sum_replicated_grads
 from mmrl.parallel.sharding import Layout
-from mmrl.protocol import Batch, balanced_sizes
-from mmrl.workers.micro import micro_batches
+from mmrl.protocol import Batch
+from mmrl.workers.micro import micro_batches, mini_batches
 
 AllReduce = Callable[[torch.Tensor], torch.Tensor]
 log = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ class DataParallelUpdater:
 
     def __init__(self, layout: Layout, cfg: UpdateConfig, device: torch.device, all_reduce: AllReduce) -> None:
         self.layout, self.cfg, self.device, self.all_reduce = layout, cfg, device, all_reduce
+        self.rows = 0  # rows of the batch being updated (the same on every rank)
         self.optimizer, self.scheduler = build_optimizer(
             layout.trainable(), cfg.lr, cfg.weight_decay, cfg.warmup_steps,
             cfg.decay_steps if cfg.lr_schedule == "cosine" else 0, cfg.min_lr_ratio,
@@ -86,10 +87,11 @@ class DataParallelUpdater:
     def update(self, batch: Batch) -> dict[str, float]:
         """``ppo_epochs`` passes of mini-batch updates; returns metrics identical on every rank."""
         self.layout.root.train()
+        self.rows = len(batch)  # the same on every rank: bounds the micro-batch counts of every mini-batch
         totals: dict[str, float] = {}
         num_updates = 0
         for _ in range(self.cfg.ppo_epochs):
-            for mini in batch.split(balanced_sizes(len(batch), self.cfg.num_mini_batches)):
+            for mini in mini_batches(batch, self.cfg.num_mini_batches):
                 for key, value in self.update_mini_batch(mini).items():
                     totals[key] = totals.get(key, 0.0) + value
                 num_updates += 1
@@ -114,7 +116,7 @@ class DataParallelUpdater:
         sums: dict[str, float] = {}  # this rank's partial sums of each metric; summed over ranks below
         non_finite_losses = 0
         for micro in micro_batches(mini, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro,
-                                   self.share_prompt, self.all_reduce):
+                                   self.share_prompt, self.all_reduce, slots=self.rows):
             loss, parts = self.micro_loss(micro, denominator)
             loss.backward()
             non_finite_losses += not math.isfinite(float(loss.detach()))

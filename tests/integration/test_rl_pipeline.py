@@ -11,7 +11,7 @@ from mmrl.controller import ResourcePool, WorkerGroup
 from mmrl.rollout.base import SamplingParams
 from mmrl.trainer.dataset import load_rows, rows_to_batch
 from mmrl.trainer.rl import run_rl
-from mmrl.workers.hybrid import ActorRolloutRefWorker
+from pipelines.probes import ProbedActor
 
 
 def test_two_grpo_steps_log_to_mlflow(tiny_config):
@@ -45,7 +45,7 @@ def test_two_grpo_steps_log_to_mlflow(tiny_config):
 def two_workers(tiny_config):
     cfg = tiny_config
     cfg.resources.num_workers = 2
-    group = WorkerGroup(ActorRolloutRefWorker, ResourcePool(2, cpus_per_worker=1), threads=1, device="cpu")
+    group = WorkerGroup(ProbedActor, ResourcePool(2, cpus_per_worker=1), threads=1, device="cpu")
     group.init_model(cfg, cfg.model.path)
     yield cfg, group
     group.shutdown()

@@ -22,8 +22,7 @@ from mmrl.models.encoding import encode_prompt
 from mmrl.models.loading import load_processor
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
-from mmrl.workers.critic import CriticWorker
-from mmrl.workers.hybrid import ActorRolloutRefWorker
+from pipelines.probes import ProbedActor, ProbedCritic
 
 LR = 1e-3
 COMBOS = [
@@ -60,8 +59,8 @@ def base_cfg(tiny_model_dir, tiny_data_dir):
 
 @pytest.fixture(scope="module")
 def groups(tiny_model_dir):
-    one = WorkerGroup(ActorRolloutRefWorker, ResourcePool(1, cpus_per_worker=0.5, name="n1"), threads=1, device="cpu")
-    two = WorkerGroup(ActorRolloutRefWorker, ResourcePool(2, cpus_per_worker=0.25, name="n2"), threads=1, device="cpu")
+    one = WorkerGroup(ProbedActor, ResourcePool(1, cpus_per_worker=0.5, name="n1"), threads=1, device="cpu")
+    two = WorkerGroup(ProbedActor, ResourcePool(2, cpus_per_worker=0.25, name="n2"), threads=1, device="cpu")
     yield one, two
     one.shutdown()
     two.shutdown()
@@ -211,8 +210,8 @@ def test_sharded_rollout_gets_full_weights_and_frees_them(groups, base_cfg, tiny
 
 @pytest.fixture(scope="module")
 def critic_groups():
-    one = WorkerGroup(CriticWorker, ResourcePool(1, cpus_per_worker=0.5, name="c1"), threads=1, device="cpu")
-    two = WorkerGroup(CriticWorker, ResourcePool(2, cpus_per_worker=0.25, name="c2"), threads=1, device="cpu")
+    one = WorkerGroup(ProbedCritic, ResourcePool(1, cpus_per_worker=0.5, name="c1"), threads=1, device="cpu")
+    two = WorkerGroup(ProbedCritic, ResourcePool(2, cpus_per_worker=0.25, name="c2"), threads=1, device="cpu")
     yield one, two
     one.shutdown()
     two.shutdown()

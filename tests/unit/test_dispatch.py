@@ -131,7 +131,7 @@ def test_five_samples_over_two_ranks_get_three_each_with_one_zeroed_pad_row():
     pads = [(p, j) for p in parts for j in range(3) if p["is_pad"][j]]
     assert len(pads) == 1
     part, row = pads[0]
-    assert part["i"][row] == 0  # a copy of sample 0 ...
+    assert part["i"][row] == part["i"][row - 1]  # a copy of the rank's own last sample (its prompt is there) ...
     assert part["response_mask"][row].sum() == 0  # ... weighing nothing
     assert part["advantages"][row].abs().sum() == 0
     assert sorted(s for sources in plan.sources for s in sources) == [-1, 0, 1, 2, 3, 4]

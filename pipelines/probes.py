@@ -1,0 +1,116 @@
+"""Workers with probes for tests and benchmarks: what a rank holds, full copies of its weights, call counts.
+
+The production workers (:mod:`mmrl.workers`) carry none of this; a test or a benchmark builds its
+WorkerGroup from these subclasses instead (``RLTrainer.actor_worker`` and its siblings take them too).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+
+from mmrl.controller import Dispatch, register
+from mmrl.parallel.sharding import full_state
+from mmrl.workers.critic import CriticWorker
+from mmrl.workers.hybrid import ActorRolloutRefWorker
+from mmrl.workers.judge import JudgeWorker
+
+
+class ProbedActor(ActorRolloutRefWorker):
+    """The hybrid worker plus probes."""
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self, *args: Any, **kwargs: Any) -> int:
+        count = super().init_model(*args, **kwargs)
+        self.vision_calls = 0
+        visual = self.actor.root.core.visual
+
+        def counted(module: torch.nn.Module, inputs: Any) -> None:
+            self.vision_calls += 1
+
+        visual.register_forward_pre_hook(counted)
+        return count
+
+    @register(Dispatch.ONE_TO_ALL)
+    def vision_passes(self, reset: bool = True) -> int:
+        """Forward calls of the actor's vision tower since the last reset (the hf engine that shares the
+        actor's module counts too)."""
+        calls = self.vision_calls
+        if reset:
+            self.vision_calls = 0
+        return calls
+
+    @register(Dispatch.ONE_TO_ALL)
+    def held_prompts(self) -> list[str]:
+        """The uids whose encodings this rank holds."""
+        return sorted(self.prompt_cache.by_uid)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def versions(self) -> tuple[int, int | None]:
+        """(the actor's weight version, the engine's; None when the engine's weights are freed)."""
+        return self.version, self.engine_version
+
+    @register(Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        return os.getpid()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def full_state_dict(self, part: str = "all") -> dict[str, torch.Tensor]:
+        """Copies of the full parameters (``part``: all | vision | llm), Hugging Face names."""
+        out = {}
+        for name, tensor in self.hf_weights():
+            is_vision = ".visual." in f".{name}"
+            if part == "all" or (part == "vision") == is_vision:
+                out[name] = tensor.detach().cpu().clone()
+        return out
+
+    @register(Dispatch.ONE_TO_ALL)
+    def layout_report(self) -> dict[str, object]:
+        """What this rank holds: parameter kinds, optimizer-state owners and gradients."""
+        visual = self.actor.root.core.visual
+        vision_ids = {id(p) for p in visual.parameters()}
+        state_owners = [id(p) for p in self.updater.optimizer.state]
+        return {
+            "sharded": len(self.actor.sharded),
+            "replicated": len(self.actor.replicated),
+            "vision_params_with_optimizer_state": sum(i in vision_ids for i in state_owners),
+            "params_with_optimizer_state": len(state_owners),
+            "vision_params_with_grad": sum(p.grad is not None for p in visual.parameters()),
+            "rollout_params_held": self.rollout_params_held(),
+        }
+
+    def rollout_params_held(self) -> int:
+        """Elements an hf rollout engine holds on its own (-1: it shares the actor's module, or is not hf)."""
+        from mmrl.rollout.hf import HFRolloutEngine
+
+        if not isinstance(self.rollout, HFRolloutEngine) or not self.rollout.owns_weights:
+            return -1
+        return sum(p.numel() for p in self.rollout.model.parameters())
+
+    @register(Dispatch.ONE_TO_ALL)
+    def time_weight_update(self) -> float:
+        """Seconds to gather the actor's weights and load them into the rollout engine."""
+        self.engine_version = -1
+        start = time.perf_counter()
+        self.sync_weights(wake=True)
+        return time.perf_counter() - start
+
+
+class ProbedCritic(CriticWorker):
+    @register(Dispatch.ONE_TO_ALL)
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Copies of the full parameters of the value model."""
+        return {name: t.detach().cpu().clone() for name, t in full_state(self.layout.root)}
+
+
+class ProbedJudge(JudgeWorker):
+    @register(Dispatch.ONE_TO_ALL)
+    def shutdown_engine(self) -> None:
+        self.engine.shutdown()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        return os.getpid()
