@@ -25,23 +25,24 @@ class ProbedActor(ActorRolloutRefWorker):
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, *args: Any, **kwargs: Any) -> int:
         count = super().init_model(*args, **kwargs)
-        self.vision_calls = 0
+        self.vision_items = 0
         visual = self.actor.root.core.visual
 
-        def counted(module: torch.nn.Module, inputs: Any) -> None:
-            self.vision_calls += 1
+        def counted(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+            grid = kwargs["grid_thw"] if "grid_thw" in kwargs else args[1]
+            self.vision_items += int(grid.shape[0])
 
-        visual.register_forward_pre_hook(counted)
+        visual.register_forward_pre_hook(counted, with_kwargs=True)
         return count
 
     @register(Dispatch.ONE_TO_ALL)
     def vision_passes(self, reset: bool = True) -> int:
-        """Forward calls of the actor's vision tower since the last reset (the hf engine that shares the
-        actor's module counts too)."""
-        calls = self.vision_calls
+        """Images and videos the actor's vision tower encoded since the last reset (the hf engine that shares
+        the actor's module counts too; a sharded tower's dummy input on a text-only micro-batch counts 1)."""
+        items = self.vision_items
         if reset:
-            self.vision_calls = 0
-        return calls
+            self.vision_items = 0
+        return items
 
     @register(Dispatch.ONE_TO_ALL)
     def held_prompts(self) -> list[str]:

@@ -17,7 +17,7 @@ from mmrl.config import ActorConfig
 from mmrl.models.logprobs import response_logprobs
 from mmrl.parallel.sharding import Layout
 from mmrl.protocol import Batch
-from mmrl.workers.micro import micro_batches
+from mmrl.workers.micro import FILLER, micro_batches
 from mmrl.workers.update import AllReduce, DataParallelUpdater
 
 
@@ -54,6 +54,8 @@ def batched_logprobs(
                 pad_token_id=spec.pad_token_id, banned_ids=spec.banned_ids,
                 temperature=spec.temperature, device=device, share_prompt=spec.share_prompt,
             )
+            if micro.meta.get(FILLER):
+                continue
             logps.append(logp.cpu())
             entropies.append(ent.cpu() if with_entropy else torch.zeros_like(logp).cpu())
     return torch.cat(logps), torch.cat(entropies)

@@ -19,7 +19,7 @@ from mmrl.models.encoding import collate
 from mmrl.models.loading import load_processor
 from mmrl.parallel.sharding import Layout, full_state
 from mmrl.protocol import Batch
-from mmrl.workers.micro import micro_batches
+from mmrl.workers.micro import FILLER, micro_batches
 from mmrl.workers.model_builder import build_model
 from mmrl.workers.prompts import SCORED, PromptCache
 from mmrl.workers.train_state import CheckpointedWorker
@@ -85,7 +85,9 @@ class CriticWorker(CheckpointedWorker):
         out = []
         with torch.no_grad():
             for micro in micro_batches(batch, self.cfg.micro_batch_size, 0, False, self.all_reduce_sum):
-                out.append(batch_values(self.layout.root, micro, self.pad_token_id, self.device).cpu())
+                values = batch_values(self.layout.root, micro, self.pad_token_id, self.device).cpu()
+                if not micro.meta.get(FILLER):
+                    out.append(values)
         return Batch(tensors={"values": torch.cat(out)})
 
     @register(Dispatch.DP_COMPUTE, fields=(*SCORED, "values", "returns"), optional=("policy_mask",), prompts=True)

@@ -120,9 +120,17 @@ class ActorRolloutRefWorker(CheckpointedWorker):
             self.engine_version = None
 
     def rollout_batch(self, prompts: Batch, params: SamplingParams, keep: bool, return_prompts: bool) -> Batch:
+        """n samples per prompt row. The dispatcher's padding rows (copies of this rank's last prompt) are not
+        generated for: they get copies of the last real prompt's samples, which the driver drops."""
         encoded = self.prompt_cache.attach(prompts, keep=keep)["prompt"]
         self.sync_weights(wake=True)  # a no-op after the driver's update_weights stage
-        return sample_encoded(self.engine(), encoded, params, self.version, with_prompts=return_prompts)
+        real = int((~prompts["is_pad"]).sum()) if "is_pad" in prompts.tensors else len(prompts)
+        real = real or len(prompts)  # a rank with only padding still returns rows of the right shape
+        out = sample_encoded(self.engine(), encoded[:real], params, self.version, with_prompts=return_prompts)
+        if real == len(prompts):
+            return out
+        last = list(range((real - 1) * params.n, real * params.n))
+        return out.select([*range(len(out)), *last * (len(prompts) - real)])
 
     @register(Dispatch.DP_COMPUTE, fields=("messages", "images"), prompts=True)
     def generate(self, prompts: Batch, params: SamplingParams, return_prompts: bool = False) -> Batch:

@@ -72,35 +72,64 @@ def global_max(count: int, slots: int, all_reduce: AllReduce) -> int:
 
 
 def split_to(ranges: list[tuple[int, int]], count: int, batch: Batch, share_prompt: bool) -> list[tuple[int, int]]:
-    """Halve the heaviest splittable range until there are ``count`` ranges."""
+    """Split the heaviest range that holds several prompt runs, at the run boundary nearest its middle, until
+    there are ``count`` ranges or every range is one run (a prompt is not cut in two to make up a count)."""
     ranges = list(ranges)
+    bounds = {stop for _, stop in prompt_runs(batch)}
     while len(ranges) < count:
-        splittable = [r for r in ranges if r[1] - r[0] > 1]
+        splittable = [r for r in ranges if any(r[0] < b < r[1] for b in bounds)]
         if not splittable:
-            raise ValueError(f"cannot form {count} micro-batches from {len(batch)} rows")
+            break
         start, stop = max(splittable, key=lambda r: row_tokens(batch, *r, share_prompt))
-        middle = (start + stop) // 2
+        middle = min((b for b in bounds if start < b < stop), key=lambda b: (abs(2 * b - start - stop), b))
         at = ranges.index((start, stop))
         ranges[at : at + 1] = [(start, middle), (middle, stop)]
     return ranges
 
 
+FILLER = "filler"  # meta key of a micro-batch that only keeps a rank in step with the others
+
+
+def filler(batch: Batch) -> Batch:
+    """A zero-weight micro-batch for a rank that has fewer micro-batches than another (sharded forwards are
+    collectives): a copy of the last row with every mask and advantage zeroed, whose prompt is a one-token
+    text stub (no media), marked ``meta[FILLER]``; its outputs are to be dropped."""
+    from mmrl.controller.dispatch import ZEROED_ON_PADDING
+    from mmrl.models.encoding import EncodedPrompt
+
+    row = batch.slice(len(batch) - 1, len(batch))
+    tensors = {k: torch.zeros_like(v) if k in ZEROED_ON_PADDING else v for k, v in row.tensors.items()}
+    tensors["is_pad"] = torch.ones(1, dtype=torch.bool)
+    objects = dict(row.objects)
+    if "prompt" in objects:
+        stub = torch.zeros(1, dtype=torch.long)
+        objects["prompt"] = [EncodedPrompt(input_ids=stub, mm_token_type_ids=stub.clone(), name="filler")]
+    return Batch(tensors=tensors, objects=objects, meta={**row.meta, FILLER: True})
+
+
 def micro_batches(
     batch: Batch, rows: int, budget: int, share_prompt: bool, all_reduce: AllReduce | None, slots: int = 0
 ) -> list[Batch]:
-    """``batch`` cut into micro-batches of at most ``rows`` rows, or by the token ``budget`` when it is > 0,
+    """``batch`` cut into micro-batches of at most ``rows`` real rows, or by the token ``budget`` when it is > 0,
     between prompts where it can (:func:`greedy_ranges`).
 
-    ``all_reduce`` (a sum over ranks; None on one rank) makes the count equal on all ranks; ``slots`` bounds
+    ``all_reduce`` (a sum over ranks; None on one rank) makes the count equal on all ranks, by splitting ranges
+    between prompts and then by zero-weight :func:`filler` micro-batches; ``slots`` bounds
     any rank's count and must be the same on all of them (default ``len(batch)``, right when every rank's
     batch has as many rows, as the dispatcher pads them).
     """
     if budget <= 0:
-        ranges = greedy_ranges(batch, rows, share_prompt, cost=lambda start, stop: stop - start)
+        # Padding rows (copies of a rank's last sample, zero-weight) ride along free: they share its prompt.
+        real = (~batch["is_pad"]).long().cumsum(0).tolist() if "is_pad" in batch.tensors else None
+        count = (lambda start, stop: stop - start) if real is None else (
+            lambda start, stop: real[stop - 1] - (real[start - 1] if start else 0))
+        ranges = greedy_ranges(batch, rows, share_prompt, cost=count)
     else:
         ranges = greedy_ranges(batch, budget, share_prompt)
     if all_reduce is not None:
-        ranges = split_to(ranges, global_max(len(ranges), slots or len(batch), all_reduce), batch, share_prompt)
+        count = global_max(len(ranges), slots or len(batch), all_reduce)
+        ranges = split_to(ranges, count, batch, share_prompt)
+        return [batch.slice(start, stop) for start, stop in ranges] + [filler(batch)] * (count - len(ranges))
     return [batch.slice(start, stop) for start, stop in ranges]
 
 

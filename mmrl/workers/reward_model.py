@@ -14,7 +14,7 @@ from mmrl.controller import Dispatch, Worker, register
 from mmrl.models.encoding import collate
 from mmrl.models.loading import load_processor
 from mmrl.protocol import Batch
-from mmrl.workers.micro import micro_batches
+from mmrl.workers.micro import FILLER, micro_batches
 from mmrl.workers.model_builder import build_model
 from mmrl.workers.prompts import SCORED, PromptCache
 
@@ -48,5 +48,7 @@ class RewardModelWorker(Worker):
         out = []
         with torch.no_grad():
             for micro in micro_batches(batch, self.micro_batch_size, 0, False, self.all_reduce_sum):
-                out.append(sequence_scores(self.layout.root, micro, self.pad_token_id, self.device).cpu())
+                scores = sequence_scores(self.layout.root, micro, self.pad_token_id, self.device).cpu()
+                if not micro.meta.get(FILLER):
+                    out.append(scores)
         return Batch(tensors={"rm_scores": torch.cat(out)})

@@ -45,28 +45,42 @@ def test_two_grpo_steps_log_to_mlflow(tiny_config):
 def two_workers(tiny_config):
     cfg = tiny_config
     cfg.resources.num_workers = 2
+    cfg.actor.micro_batch_size = 4  # groups of 3 samples: plain 4-row slices would cut prompts in two
     group = WorkerGroup(ProbedActor, ResourcePool(2, cpus_per_worker=1), threads=1, device="cpu")
     group.init_model(cfg, cfg.model.path)
     yield cfg, group
     group.shutdown()
 
 
-def test_two_workers_split_generate_score_and_stay_in_sync(two_workers):
+def test_two_workers_keep_each_prompt_on_one_rank_and_encode_it_once_per_pass(two_workers):
+    """5 prompts x 3 samples over 2 ranks: each prompt's samples stay on the rank that generated them, that rank
+    holds its encoding, and every pass (rollout, log-probs, each epoch of the update) runs the vision tower once
+    per distinct image, whatever the micro-batch size."""
     cfg, group = two_workers
     prompts = rows_to_batch(load_rows(cfg.data.dir, "train", limit=5))  # 5 prompts: uneven over 2 ranks
+    images = sum(len(i) for i in prompts["images"])
+    group.forget_prompts()
+    group.vision_passes()
     samples = group.generate(prompts, SamplingParams(n=3, max_new_tokens=6))
-    assert len(samples) == 15
-    # Samples come back in prompt order: the n samples of prompt i share its encoding object.
-    assert all(samples["prompt"][3 * i] is samples["prompt"][3 * i + 2] for i in range(5))
-    grids = [p.image_grid_thw.tolist() for p in samples["prompt"][::3]]
-    assert len(grids) == 5
+    assert len(samples) == 15 and "prompt" not in samples.objects  # the pixels stay on the workers
+    assert all(samples["image_grids"][3 * i] is samples["image_grids"][3 * i + 2] for i in range(5))
+    assert samples["weight_version"].tolist() == [0] * 15
+    held = group.held_prompts()
+    assert sorted(u for rank in held for u in rank) == sorted(prompts["uid"])  # each on exactly one rank
+    assert all(rank for rank in held)  # both ranks got work
+    assert sum(group.vision_passes()) == images
     batch = prompts.repeat(3).union(samples)
     batch = batch.union(group.compute_log_probs(batch))
+    assert sum(group.vision_passes()) == images
+    assert group.held_prompts() == held  # the log-prob pass found every prompt where it was
     mask = batch["response_mask"]
     assert float(((batch["old_log_probs"] - batch["rollout_log_probs"]).abs() * mask).max()) < 1e-4
     batch.tensors["advantages"] = torch.randn(15, 1) * mask
     metrics = group.update_actor(batch)
+    assert sum(group.vision_passes()) == images * cfg.actor.ppo_epochs
     assert metrics[0] == metrics[1]  # metrics are reduced over ranks
+    assert group.versions() == [(1, 0), (1, 0)]  # the update moved the actor on; the engine syncs when asked
+    assert group.sync_weights(False) == [1, 1] and group.sync_weights(True) == [0, 0]
     state0, state1 = group.full_state_dict()
     # Gradients were summed over ranks: both hold the same weights.
     assert all(torch.equal(state0[k], state1[k]) for k in state0)
