@@ -1,4 +1,4 @@
-"""ReMax (Li et al., 2024): REINFORCE whose baseline is the reward of a greedy rollout of the same prompt."""
+"""ReMax (Li et al., 2023, arXiv 2310.10505): REINFORCE whose baseline is the reward of a greedy rollout of the same prompt."""
 
 from __future__ import annotations
 

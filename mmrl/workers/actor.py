@@ -15,10 +15,11 @@ import torch
 from mmrl.algos.losses import PolicyLoss, aggregate, kl_penalty, positive_lm_loss
 from mmrl.config import ActorConfig
 from mmrl.models.logprobs import response_logprobs
+from mmrl.parallel.grads import AllReduce
 from mmrl.parallel.sharding import Layout
 from mmrl.protocol import Batch
 from mmrl.workers.micro import micro_batches
-from mmrl.workers.update import AllReduce, DataParallelUpdater
+from mmrl.workers.update import DataParallelUpdater
 
 
 @dataclass

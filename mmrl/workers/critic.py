@@ -17,11 +17,12 @@ from mmrl.config import Config, CriticConfig
 from mmrl.controller import Dispatch, register
 from mmrl.models.encoding import collate
 from mmrl.models.loading import load_processor
+from mmrl.parallel.grads import AllReduce
 from mmrl.parallel.sharding import Layout, full_state
 from mmrl.protocol import Batch
 from mmrl.workers.model_builder import build_model
 from mmrl.workers.train_state import CheckpointedWorker
-from mmrl.workers.update import AllReduce, DataParallelUpdater
+from mmrl.workers.update import DataParallelUpdater
 
 SCORED = ("prompt", "responses", "response_mask")
 

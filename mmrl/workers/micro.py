@@ -8,13 +8,10 @@ splits its heaviest micro-batches until it has as many.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
+from mmrl.parallel.grads import AllReduce
 from mmrl.protocol import Batch
-
-AllReduce = Callable[[torch.Tensor], torch.Tensor]
 
 
 def row_tokens(batch: Batch, start: int, stop: int, share_prompt: bool) -> int:

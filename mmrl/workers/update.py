@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from mmrl.config import UpdateConfig
-from mmrl.parallel.grads import clip_grad_norm, sum_replicated_grads
+from mmrl.parallel.grads import AllReduce, clip_grad_norm, sum_replicated_grads
 from mmrl.parallel.sharding import Layout
 from mmrl.protocol import Batch, balanced_sizes
 from mmrl.workers.micro import micro_batches
 
-AllReduce = Callable[[torch.Tensor], torch.Tensor]
 log = logging.getLogger(__name__)
 
 
