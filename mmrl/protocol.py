@@ -32,7 +32,10 @@ KNOWN_KEYS: dict[str, str] = {
     "prompt": "object: EncodedPrompt (token ids, pixels, grids) of the prompt",
     # rollout
     "responses": "tensor (B, R) int64: response token ids, right-padded",
-    "response_mask": "tensor (B, R) float32: 1 on response tokens (eos included), 0 on padding",
+    "response_mask": "tensor (B, R) float32: the attention extent, 1 on every response token (eos and holes "
+    "included), 0 on padding",
+    "policy_mask": "tensor (B, R) float32: 1 on the tokens the policy sampled, 0 at holes (a tool's output, an "
+    "environment's turn) and padding; a subset of response_mask, which it equals when absent (mmrl.trajectory)",
     "response_text": "object: decoded response",
     "rollout_log_probs": "tensor (B, R) float32: log-probs the rollout engine reported",
     # actor / reference
