@@ -16,16 +16,16 @@ data-parallel ranks add up to the mean over the whole mini-batch.
 Policy losses: PPO's clipped surrogate (asymmetric clip-higher with ``clip_low != clip_high``, and dual-clip
 with ``clip_ratio_c``), GSPO (sequence-level ratio), SPPO (squared log-ratio regression onto win rates) and
 VAPO's positive-example LM loss. ``POLICY_LOSSES`` maps ``actor.policy_loss`` names to callables of one
-signature (:class:`PolicyLoss`): each is a :class:`TableLoss`, a loss function and the ``actor`` keys it
-reads. SPPO's entry reads its win rates back from the advantages (:func:`sppo_on_advantages`); VAPO's LM
-loss needs the samples' correctness, so the actor calls it directly, outside the table.
+signature, each a :class:`PolicyLoss`: a loss function and the ``actor`` keys it reads. SPPO's entry reads
+its win rates back from the advantages (:func:`sppo_on_advantages`); VAPO's LM loss needs the samples'
+correctness, so the actor calls it directly, outside the table.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -272,25 +272,6 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> to
     raise ValueError(f"unknown kl estimator {estimator!r}; allowed: k1, k2, k3, low_var_kl, abs")
 
 
-class PolicyLoss(Protocol):
-    def __call__(
-        self,
-        logp: torch.Tensor,
-        old_logp: torch.Tensor,
-        advantages: torch.Tensor,
-        mask: torch.Tensor,
-        *,
-        cfg: ActorConfig,
-        denominator: float | None = None,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """logp, old_logp, advantages, mask: (B, R) -> (loss, metrics); ``mask``: the policy's own tokens.
-
-        Every metric is a mean over the valid tokens of the batch given (the updater weights it by their
-        number to average over micro-batches and ranks).
-        """
-        ...
-
-
 def clip_settings(cfg: ActorConfig) -> dict[str, Any]:
     """The ``actor`` keys a clipped loss reads: the clip range, the aggregation mode and its horizon."""
     return {"clip_low": cfg.clip_ratio_low, "clip_high": cfg.clip_ratio_high, "agg_mode": cfg.loss_agg_mode,
@@ -324,10 +305,11 @@ def sppo_on_advantages(
 
 
 @dataclass(frozen=True)
-class TableLoss:
+class PolicyLoss:
     """An entry of :data:`POLICY_LOSSES`: a loss function and the keyword arguments it takes from ``actor``.
 
-    Called as a :class:`PolicyLoss`: ``loss(logp, old_logp, advantages, mask, denominator=..., **settings(cfg))``.
+    ``policy_loss(logp, old_logp, advantages, mask, cfg=actor, denominator=d)`` calls
+    ``loss(logp, old_logp, advantages, mask, denominator=d, **settings(actor))``.
     """
 
     loss: Callable[..., tuple[torch.Tensor, dict[str, float]]]
@@ -343,14 +325,19 @@ class TableLoss:
         cfg: ActorConfig,
         denominator: float | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
+        """logp, old_logp, advantages, mask: (B, R) -> (loss, metrics); ``mask``: the policy's own tokens.
+
+        Every metric is a mean over the valid tokens of the batch given (the updater weights it by their
+        number to average over micro-batches and ranks).
+        """
         return self.loss(logp, old_logp, advantages, mask, denominator=denominator, **self.settings(cfg))
 
 
-ppo_clip = TableLoss(ppo_clip_loss, clip_settings)
-dual_clip = TableLoss(ppo_clip_loss, dual_clip_settings)
+ppo_clip = PolicyLoss(ppo_clip_loss, clip_settings)
+dual_clip = PolicyLoss(ppo_clip_loss, dual_clip_settings)
 # GSPO's clip range is ~1e-4 wide: set actor.clip_ratio_low/high accordingly (e.g. 3e-4 / 4e-4).
-gspo = TableLoss(gspo_loss, clip_settings)
-sppo = TableLoss(sppo_on_advantages, sppo_settings)
+gspo = PolicyLoss(gspo_loss, clip_settings)
+sppo = PolicyLoss(sppo_on_advantages, sppo_settings)
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {
     "ppo_clip": ppo_clip,
