@@ -20,8 +20,8 @@ from mmrl.protocol import Batch
 
 @torch.no_grad()
 def returns_to_go(token_rewards: torch.Tensor, policy_mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    """token_rewards, policy_mask (B, R) -> returns (B, R), ``G_t = sum_k gamma^j(k) r_k`` over the policy
-    tokens k >= t, ``j(k)`` the number of policy tokens after t up to k.
+    """token_rewards, policy_mask (B, R) -> returns (B, R), ``G_t = sum_{k >= t} gamma^(k - t) r_k``, with t
+    and k counting the row's policy tokens only.
 
     The sum runs over the policy's tokens as if the holes were not there (:mod:`mmrl.trajectory`): a hole
     is no step of the discount. Rewards at holes and padding are ignored (even non-finite ones); the returns
