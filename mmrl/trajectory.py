@@ -23,11 +23,19 @@ from mmrl.protocol import Batch
 
 
 def policy_mask(batch: Batch) -> torch.Tensor:
-    """(B, R): the batch's ``policy_mask`` when it has one, else its ``response_mask`` (no holes)."""
-    if "policy_mask" in batch.tensors:
-        return batch["policy_mask"]
-    batch.require("response_mask")
-    return batch["response_mask"]
+    """(B, R): the batch's ``policy_mask`` when it has one, else its ``response_mask`` (no holes).
+
+    Raises ValueError when the ``policy_mask`` is not a subset of the ``response_mask``.
+    """
+    if "policy_mask" not in batch.tensors:
+        batch.require("response_mask")
+        return batch["response_mask"]
+    policy, extent = batch["policy_mask"], batch.tensors.get("response_mask")
+    if extent is not None and (policy.shape != extent.shape or bool(((policy > 0) & (extent <= 0)).any())):
+        raise ValueError(f"policy_mask {tuple(policy.shape)} must lie within response_mask {tuple(extent.shape)}: "
+                         "1 only on response tokens the policy sampled, 0 at holes and padding (rows a dispatcher "
+                         "pads must have both zeroed)")
+    return policy
 
 
 def last_policy_token(policy_mask: torch.Tensor) -> torch.Tensor:

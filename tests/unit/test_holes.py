@@ -96,6 +96,11 @@ def test_policy_mask_falls_back_to_the_response_mask():
     assert trajectory.policy_mask(Batch(tensors={"response_mask": extent, "policy_mask": policy})) is policy
     with pytest.raises(KeyError, match="response_mask"):
         trajectory.policy_mask(Batch(tensors={"responses": extent}))
+    outside = policy.clone()
+    outside[4, 3] = 1.0  # past row 4's one token
+    for bad in (outside, policy[:, :-1]):
+        with pytest.raises(ValueError, match="policy_mask .* must lie within response_mask"):
+            trajectory.policy_mask(Batch(tensors={"response_mask": extent, "policy_mask": bad}))
 
 
 def test_last_policy_token_and_place_on_last_token_against_a_loop():
