@@ -33,7 +33,10 @@ KNOWN_KEYS: dict[str, str] = {
     "prompt": "object: EncodedPrompt (token ids, pixels, grids) of the prompt",
     # rollout
     "responses": "tensor (B, R) int64: response token ids, right-padded",
-    "response_mask": "tensor (B, R) float32: 1 on response tokens (eos included), 0 on padding",
+    "response_mask": "tensor (B, R) float32: the attention extent, 1 on every response token (eos and holes "
+    "included), 0 on padding",
+    "policy_mask": "tensor (B, R) float32: 1 on the tokens the policy sampled, 0 at holes (a tool's output, an "
+    "environment's turn) and padding; a subset of response_mask, which it equals when absent (mmrl.trajectory)",
     "response_text": "object: decoded response",
     "prompt_tokens": "tensor (B,) int64: tokens of the sample's prompt (image tokens included)",
     "image_grids": "object: the prompt's image grids as the model saw them, a list of (t, h, w) per image",
@@ -44,7 +47,7 @@ KNOWN_KEYS: dict[str, str] = {
     "ref_log_probs": "tensor (B, R) float32: log-probs of the reference policy",
     "entropy": "tensor (B, R) float32: per-token entropy of the policy",
     # driver
-    "token_level_rewards": "tensor (B, R) float32: the reward stage's score, on the last response token",
+    "token_level_rewards": "tensor (B, R) float32: the reward stage's score, on the last policy token",
     "advantages": "tensor (B, R) float32",
     "values": "tensor (B, R) float32: the critic's V(s_t) before each response token, at rollout time",
     "returns": "tensor (B, R) float32: GAE targets of the value loss (advantages + values)",

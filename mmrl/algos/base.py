@@ -11,6 +11,7 @@ from typing import ClassVar, Literal
 
 import torch
 
+from mmrl import trajectory
 from mmrl.config import AlgorithmConfig
 from mmrl.protocol import Batch
 
@@ -41,8 +42,8 @@ class Algorithm:
         self.cfg = cfg
 
     def compute_advantages(self, batch: Batch) -> Batch:
-        """Scored samples -> a Batch with ``advantages`` (B, R), zero on padding, plus any other targets
-        the updates need (``returns`` for a critic)."""
+        """Scored samples -> a Batch with ``advantages`` (B, R), zero at holes and padding, plus any other
+        targets the updates need (``returns`` for a critic)."""
         raise NotImplementedError
 
     def filter(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
@@ -57,13 +58,13 @@ def keep_rows(batch: Batch, keep: torch.Tensor) -> tuple[Batch, dict[str, float]
 
 
 class OutcomeAlgorithm(Algorithm):
-    """An algorithm whose advantage is one number per response, broadcast over its tokens."""
+    """An algorithm whose advantage is one number per response, broadcast over its policy tokens."""
 
     reward_level: ClassVar[RewardLevel] = "outcome"
 
     def compute_advantages(self, batch: Batch) -> Batch:
         batch.require("token_level_rewards", "response_mask", "uid")
-        mask = batch["response_mask"]
+        mask = trajectory.policy_mask(batch)
         scores = batch["token_level_rewards"].sum(-1)
         per_sample = self.outcome_advantages(scores, batch["uid"])
         return Batch(tensors={"advantages": per_sample.unsqueeze(-1) * mask})

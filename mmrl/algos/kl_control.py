@@ -14,18 +14,18 @@ def kl_in_reward(
     token_rewards: torch.Tensor,
     log_probs: torch.Tensor,
     ref_log_probs: torch.Tensor,
-    response_mask: torch.Tensor,
+    policy_mask: torch.Tensor,
     coef: float,
     estimator: str,
 ) -> tuple[torch.Tensor, float]:
-    """token_rewards, log_probs, ref_log_probs, response_mask (B, R) -> (new_token_rewards (B, R), mean_kl).
+    """token_rewards, log_probs, ref_log_probs, policy_mask (B, R) -> (new_token_rewards (B, R), mean_kl).
 
     Subtracts ``coef * kl_t`` (``kl_t`` from :func:`~mmrl.algos.losses.kl_penalty` with ``estimator``)
-    on valid tokens; padding keeps its reward. ``mean_kl``: the per-sequence token-mean KL, averaged
-    over the B sequences.
+    on the policy's tokens; holes and padding keep their reward. ``mean_kl``: the per-sequence mean KL over
+    the policy's tokens, averaged over the B sequences.
     """
-    valid = response_mask > 0
-    # log-probs at padding may be garbage (even -inf); keep them out of both the rewards and the mean
+    valid = policy_mask > 0
+    # log-probs off the policy's tokens may be garbage (even -inf): out of both the rewards and the mean
     kl = torch.where(valid, kl_penalty(log_probs, ref_log_probs, estimator), torch.zeros_like(log_probs))
     new_rewards = token_rewards - coef * kl.to(token_rewards.dtype)
     per_seq = kl.sum(-1) / valid.sum(-1).clamp(min=1)

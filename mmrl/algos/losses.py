@@ -1,5 +1,9 @@
 """Policy and value losses and KL estimators: pure functions returning ``(loss, metrics)``.
 
+Every ``mask`` (B, R) here marks the tokens a loss counts: the policy's own tokens
+(:func:`mmrl.trajectory.policy_mask`), not the attention extent, so that tokens the policy did not sample
+(a tool's output) and padding both add nothing; a sequence's length is its number of such tokens.
+
 Aggregation (``loss_agg_mode``) follows verl's names:
 - ``token-mean``: sum over all valid tokens / number of valid tokens;
 - ``seq-mean-token-sum``: per-sequence token sums, averaged over sequences;
@@ -11,14 +15,17 @@ data-parallel ranks add up to the mean over the whole mini-batch.
 
 Policy losses: PPO's clipped surrogate (asymmetric clip-higher with ``clip_low != clip_high``, and dual-clip
 with ``clip_ratio_c``), GSPO (sequence-level ratio), SPPO (squared log-ratio regression onto win rates) and
-VAPO's positive-example LM loss. ``POLICY_LOSSES`` maps ``actor.policy_loss`` names to functions of one
-signature (:class:`PolicyLoss`); losses that need other inputs than advantages (SPPO, the LM loss) are
-plain functions only.
+VAPO's positive-example LM loss. ``POLICY_LOSSES`` maps ``actor.policy_loss`` names to callables of one
+signature, each a :class:`PolicyLoss`: a loss function and the ``actor`` keys it reads. SPPO's entry reads
+its win rates back from the advantages (:func:`sppo_on_advantages`); VAPO's LM loss needs the samples'
+correctness, so the actor calls it directly, outside the table.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -265,7 +272,49 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> to
     raise ValueError(f"unknown kl estimator {estimator!r}; allowed: k1, k2, k3, low_var_kl, abs")
 
 
-class PolicyLoss(Protocol):
+def clip_settings(cfg: ActorConfig) -> dict[str, Any]:
+    """The ``actor`` keys a clipped loss reads: the clip range, the aggregation mode and its horizon."""
+    return {"clip_low": cfg.clip_ratio_low, "clip_high": cfg.clip_ratio_high, "agg_mode": cfg.loss_agg_mode,
+            "horizon": cfg.loss_horizon or None}
+
+
+def dual_clip_settings(cfg: ActorConfig) -> dict[str, Any]:
+    """:func:`clip_settings` plus the dual-clip cap ``actor.clip_ratio_c``."""
+    return {**clip_settings(cfg), "clip_ratio_c": cfg.clip_ratio_c}
+
+
+def sppo_settings(cfg: ActorConfig) -> dict[str, Any]:
+    """SPPO's one key, ``actor.sppo_eta``."""
+    return {"eta": cfg.sppo_eta}
+
+
+def sppo_on_advantages(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eta: float,
+    denominator: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """:func:`sppo_loss` for the SPPO algorithm, whose advantage is each sample's win rate minus one half on
+    every valid token (:mod:`mmrl.algos.sppo`); (B, R) inputs, ``denominator`` a sequence count (any
+    ``loss_agg_mode`` other than token-mean)."""
+    win_rates = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1) + 0.5
+    return sppo_loss(logp, old_logp, win_rates, mask, eta=eta, denominator=denominator)
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """An entry of :data:`POLICY_LOSSES`: a loss function and the keyword arguments it takes from ``actor``.
+
+    ``policy_loss(logp, old_logp, advantages, mask, cfg=actor, denominator=d)`` calls
+    ``loss(logp, old_logp, advantages, mask, denominator=d, **settings(actor))``.
+    """
+
+    loss: Callable[..., tuple[torch.Tensor, dict[str, float]]]
+    settings: Callable[[ActorConfig], dict[str, Any]]
+
     def __call__(
         self,
         logp: torch.Tensor,
@@ -276,81 +325,19 @@ class PolicyLoss(Protocol):
         cfg: ActorConfig,
         denominator: float | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """logp, old_logp, advantages, mask: (B, R) -> (loss, metrics).
+        """logp, old_logp, advantages, mask: (B, R) -> (loss, metrics); ``mask``: the policy's own tokens.
 
         Every metric is a mean over the valid tokens of the batch given (the updater weights it by their
         number to average over micro-batches and ranks).
         """
-        ...
+        return self.loss(logp, old_logp, advantages, mask, denominator=denominator, **self.settings(cfg))
 
 
-def ppo_clip(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    cfg: ActorConfig,
-    denominator: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """:func:`ppo_clip_loss` with ``actor.clip_ratio_low/high`` and ``actor.loss_agg_mode``; (B, R) inputs."""
-    return ppo_clip_loss(
-        logp, old_logp, advantages, mask, clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high,
-        agg_mode=cfg.loss_agg_mode, denominator=denominator, horizon=cfg.loss_horizon or None,
-    )
-
-
-def dual_clip(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    cfg: ActorConfig,
-    denominator: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """:func:`ppo_clip` plus the dual-clip cap ``actor.clip_ratio_c``; (B, R) inputs."""
-    return ppo_clip_loss(
-        logp, old_logp, advantages, mask, clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high,
-        agg_mode=cfg.loss_agg_mode, denominator=denominator, clip_ratio_c=cfg.clip_ratio_c,
-        horizon=cfg.loss_horizon or None,
-    )
-
-
-def gspo(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    cfg: ActorConfig,
-    denominator: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """:func:`gspo_loss` with ``actor.clip_ratio_low/high`` and ``actor.loss_agg_mode``; (B, R) inputs.
-
-    GSPO's clip range is ~1e-4 wide: set ``clip_ratio_low/high`` accordingly (e.g. 3e-4 / 4e-4).
-    """
-    return gspo_loss(
-        logp, old_logp, advantages, mask, clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high,
-        agg_mode=cfg.loss_agg_mode, denominator=denominator, horizon=cfg.loss_horizon or None,
-    )
-
-
-def sppo(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    cfg: ActorConfig,
-    denominator: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """:func:`sppo_loss` for the SPPO algorithm, whose advantage is each sample's win rate minus one half,
-    the same on every token (:mod:`mmrl.algos.sppo`); ``actor.sppo_eta``; (B, R) inputs, ``denominator``
-    a sequence count (any ``loss_agg_mode`` other than token-mean)."""
-    win_rates = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1) + 0.5
-    return sppo_loss(logp, old_logp, win_rates, mask, eta=cfg.sppo_eta, denominator=denominator)
-
+ppo_clip = PolicyLoss(ppo_clip_loss, clip_settings)
+dual_clip = PolicyLoss(ppo_clip_loss, dual_clip_settings)
+# GSPO's clip range is ~1e-4 wide: set actor.clip_ratio_low/high accordingly (e.g. 3e-4 / 4e-4).
+gspo = PolicyLoss(gspo_loss, clip_settings)
+sppo = PolicyLoss(sppo_on_advantages, sppo_settings)
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {
     "ppo_clip": ppo_clip,

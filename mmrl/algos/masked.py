@@ -1,4 +1,5 @@
-"""Reductions over the valid (unmasked) entries of (B, R) tensors."""
+"""Reductions over the valid (unmasked) entries of (B, R) tensors; the algorithms pass the policy's tokens
+(:func:`mmrl.trajectory.policy_mask`) as the mask."""
 
 from __future__ import annotations
 

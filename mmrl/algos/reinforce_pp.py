@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import torch
 
+from mmrl import trajectory
 from mmrl.algos.base import Algorithm, RewardLevel
 from mmrl.algos.groups import group_stats
 from mmrl.algos.masked import masked_whiten
@@ -18,45 +19,48 @@ from mmrl.protocol import Batch
 
 
 @torch.no_grad()
-def returns_to_go(token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    """token_rewards, response_mask (B, R) -> returns (B, R), ``G_t = sum_{k>=t, k valid} gamma^(k-t) r_k``.
+def returns_to_go(token_rewards: torch.Tensor, policy_mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """token_rewards, policy_mask (B, R) -> returns (B, R), ``G_t = sum_{k >= t} gamma^(k - t) r_k``, with t
+    and k counting the row's policy tokens only.
 
-    Rewards at padding are ignored (even non-finite ones); the returns are 0 there.
+    The sum runs over the policy's tokens as if the holes were not there (:mod:`mmrl.trajectory`): a hole
+    is no step of the discount. Rewards at holes and padding are ignored (even non-finite ones); the returns
+    are 0 there.
     """
-    mask = response_mask.to(token_rewards.dtype)
-    rewards = torch.where(mask > 0, token_rewards, torch.zeros_like(token_rewards))
+    mask = trajectory.prefix_mask(policy_mask).to(token_rewards.dtype)
+    rewards = trajectory.close_holes(token_rewards, policy_mask)
     returns = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[:, 0])
     for t in reversed(range(rewards.shape[-1])):
         running = (rewards[:, t] + gamma * running) * mask[:, t]
         returns[:, t] = running
-    return returns
+    return trajectory.open_holes(returns, policy_mask)
 
 
 @torch.no_grad()
 def reinforce_pp_advantages(
-    token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float
+    token_rewards: torch.Tensor, policy_mask: torch.Tensor, gamma: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """token_rewards, response_mask (B, R) -> (advantages, returns), each (B, R) and 0 on padding.
+    """token_rewards, policy_mask (B, R) -> (advantages, returns), each (B, R) and 0 at holes and padding.
 
-    returns: :func:`returns_to_go` with ``gamma``; advantages: the returns whitened over all valid
+    returns: :func:`returns_to_go` with ``gamma``; advantages: the returns whitened over the policy's
     tokens of the batch. No gradient flows through either.
     """
-    returns = returns_to_go(token_rewards, response_mask, gamma)
-    return masked_whiten(returns, response_mask.to(returns.dtype)), returns
+    returns = returns_to_go(token_rewards, policy_mask, gamma)
+    return masked_whiten(returns, policy_mask.to(returns.dtype)), returns
 
 
 @torch.no_grad()
 def reinforce_pp_baseline_advantages(
-    token_rewards: torch.Tensor, response_mask: torch.Tensor, uids: Sequence[str]
+    token_rewards: torch.Tensor, policy_mask: torch.Tensor, uids: Sequence[str]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """token_rewards, response_mask (B, R), uids: B group ids -> (advantages, returns), each (B, R).
+    """token_rewards, policy_mask (B, R), uids: B group ids -> (advantages, returns), each (B, R).
 
-    ``score_i`` is the sum of row i's valid token rewards, ``centred_i = score_i - mean(group)`` (0 in a
-    group of one). returns: centred_i on every valid token of row i; advantages: those returns whitened
-    over all valid tokens of the batch. Both 0 on padding; no gradient.
+    ``score_i`` is the sum of row i's token rewards on its policy tokens, ``centred_i = score_i -
+    mean(group)`` (0 in a group of one). returns: centred_i on every policy token of row i; advantages:
+    those returns whitened over the policy's tokens of the batch. Both 0 at holes and padding; no gradient.
     """
-    mask = response_mask.to(token_rewards.dtype)
+    mask = policy_mask.to(token_rewards.dtype)
     scores = torch.where(mask > 0, token_rewards, torch.zeros_like(token_rewards)).sum(-1)
     count, mean, _ = group_stats(scores, uids)
     count, mean = count.to(scores.device), mean.to(scores)
@@ -73,8 +77,8 @@ class ReinforcePP(Algorithm):
 
     def compute_advantages(self, batch: Batch) -> Batch:
         batch.require("token_level_rewards", "response_mask")
-        advantages, returns = reinforce_pp_advantages(batch["token_level_rewards"], batch["response_mask"],
-                                                      self.cfg.gamma)
+        advantages, returns = reinforce_pp_advantages(batch["token_level_rewards"],
+                                                      trajectory.policy_mask(batch), self.cfg.gamma)
         return Batch(tensors={"advantages": advantages, "returns": returns})
 
 
@@ -85,6 +89,6 @@ class ReinforcePPBaseline(Algorithm):
 
     def compute_advantages(self, batch: Batch) -> Batch:
         batch.require("token_level_rewards", "response_mask", "uid")
-        advantages, returns = reinforce_pp_baseline_advantages(batch["token_level_rewards"], batch["response_mask"],
-                                                               batch["uid"])
+        advantages, returns = reinforce_pp_baseline_advantages(batch["token_level_rewards"],
+                                                               trajectory.policy_mask(batch), batch["uid"])
         return Batch(tensors={"advantages": advantages, "returns": returns})

@@ -1,4 +1,4 @@
-"""ReMax (Li et al., 2024): REINFORCE whose baseline is the reward of a greedy rollout of the same prompt."""
+"""ReMax (Li et al., 2023, arXiv 2310.10505): REINFORCE whose baseline is the reward of a greedy rollout of the same prompt."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import ClassVar
 
 import torch
 
+from mmrl import trajectory
 from mmrl.algos.base import Algorithm
 from mmrl.algos.reinforce_pp import returns_to_go
 from mmrl.protocol import Batch
@@ -13,15 +14,15 @@ from mmrl.protocol import Batch
 
 @torch.no_grad()
 def remax_advantages(
-    token_rewards: torch.Tensor, response_mask: torch.Tensor, baseline_scores: torch.Tensor
+    token_rewards: torch.Tensor, policy_mask: torch.Tensor, baseline_scores: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """token_rewards, response_mask (B, R), baseline_scores (B,) -> (advantages, returns), each (B, R).
+    """token_rewards, policy_mask (B, R), baseline_scores (B,) -> (advantages, returns), each (B, R).
 
-    returns: undiscounted returns-to-go of the token rewards; advantages: ``returns - baseline_i`` on
-    row i's valid tokens, not whitened. Both 0 on padding; no gradient.
+    returns: undiscounted returns-to-go of the token rewards over the policy's tokens; advantages:
+    ``returns - baseline_i`` on row i's policy tokens, not whitened. Both 0 at holes and padding; no gradient.
     """
-    returns = returns_to_go(token_rewards, response_mask, 1.0)
-    mask = response_mask.to(returns.dtype)
+    returns = returns_to_go(token_rewards, policy_mask, 1.0)
+    mask = policy_mask.to(returns.dtype)
     advantages = (returns - baseline_scores.to(returns).unsqueeze(-1)) * mask
     return advantages, returns
 
@@ -34,6 +35,6 @@ class ReMax(Algorithm):
 
     def compute_advantages(self, batch: Batch) -> Batch:
         batch.require("token_level_rewards", "response_mask", "baseline_scores")
-        advantages, returns = remax_advantages(batch["token_level_rewards"], batch["response_mask"],
+        advantages, returns = remax_advantages(batch["token_level_rewards"], trajectory.policy_mask(batch),
                                                batch["baseline_scores"])
         return Batch(tensors={"advantages": advantages, "returns": returns})

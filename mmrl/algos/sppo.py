@@ -6,6 +6,7 @@ that win rate minus one half, the same on every token; the loss reads it back.""
 
 from __future__ import annotations
 
+from mmrl import trajectory
 from mmrl.algos.base import Algorithm
 from mmrl.algos.filters import group_win_rates
 from mmrl.protocol import Batch
@@ -17,6 +18,6 @@ class SPPO(Algorithm):
 
     def compute_advantages(self, batch: Batch) -> Batch:
         batch.require("token_level_rewards", "response_mask", "uid")
-        mask = batch["response_mask"]
+        mask = trajectory.policy_mask(batch)
         rates = group_win_rates(batch["token_level_rewards"].sum(-1), batch["uid"])
         return Batch(tensors={"advantages": (rates - 0.5).unsqueeze(-1) * mask})

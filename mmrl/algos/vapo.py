@@ -10,9 +10,11 @@ from typing import ClassVar
 
 import torch
 
+from mmrl import trajectory
 from mmrl.algos.base import RewardLevel
 from mmrl.algos.dapo import DAPO
 from mmrl.algos.masked import masked_whiten
+from mmrl.algos.ppo import gae
 from mmrl.protocol import Batch
 
 
@@ -27,52 +29,24 @@ def length_adaptive_lambda(lengths: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 @torch.no_grad()
-def gae_per_row_lambda(
-    token_rewards: torch.Tensor,
-    values: torch.Tensor,
-    response_mask: torch.Tensor,
-    gamma: float,
-    lam: torch.Tensor,
-) -> torch.Tensor:
-    """GAE, one lambda per row: token_rewards, values, response_mask (B, R), lam (B,) -> advantages (B, R).
-
-    As :func:`mmrl.algos.ppo.gae_advantages` (the value after the last valid token is 0; rewards and
-    values at padding are ignored), but not whitened. 0 on padding; no gradient.
-    """
-    mask = response_mask.to(values.dtype)
-    rewards = torch.where(mask > 0, token_rewards, torch.zeros_like(token_rewards)).to(values.dtype)
-    values = torch.where(mask > 0, values, torch.zeros_like(values))
-    lam = lam.to(values)
-    next_value = torch.zeros_like(values[:, 0])
-    next_adv = torch.zeros_like(values[:, 0])
-    advantages = torch.zeros_like(values)
-    for t in reversed(range(values.shape[-1])):
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        next_adv = (delta + gamma * lam * next_adv) * mask[:, t]
-        next_value = values[:, t]
-        advantages[:, t] = next_adv
-    return advantages
-
-
-@torch.no_grad()
 def decoupled_gae(
     token_rewards: torch.Tensor,
     values: torch.Tensor,
-    response_mask: torch.Tensor,
+    policy_mask: torch.Tensor,
     gamma: float,
     lam_critic: float,
     lam_actor: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """token_rewards, values, response_mask (B, R), lam_actor (B,) -> (advantages, returns), each (B, R).
+    """token_rewards, values, policy_mask (B, R), lam_actor (B,) -> (advantages, returns), each (B, R).
 
-    returns: GAE with ``lam_critic`` plus the values (the critic's targets, not whitened); advantages:
-    GAE with row i's ``lam_actor[i]``, whitened over all valid tokens of the batch. Both 0 on padding.
+    returns: :func:`~mmrl.algos.ppo.gae` with ``lam_critic`` (the critic's targets, not whitened);
+    advantages: GAE with row i's ``lam_actor[i]``, whitened over the policy's tokens of the batch. Both run
+    over the policy's tokens only and are 0 at holes and padding.
     """
-    mask = response_mask.to(values.dtype)
+    mask = policy_mask.to(values.dtype)
     critic_lam = torch.full(values.shape[:1], lam_critic, dtype=values.dtype, device=values.device)
-    critic_adv = gae_per_row_lambda(token_rewards, values, mask, gamma, critic_lam)
-    returns = torch.where(mask > 0, critic_adv + values, torch.zeros_like(values))
-    actor_adv = gae_per_row_lambda(token_rewards, values, mask, gamma, lam_actor)
+    _, returns = gae(token_rewards, values, mask, gamma, critic_lam)
+    actor_adv, _ = gae(token_rewards, values, mask, gamma, lam_actor)
     return masked_whiten(actor_adv, mask), returns
 
 
@@ -88,7 +62,7 @@ class VAPO(DAPO):
 
     def compute_advantages(self, batch: Batch) -> Batch:
         batch.require("token_level_rewards", "values", "response_mask")
-        mask = batch["response_mask"]
+        mask = trajectory.policy_mask(batch)
         lam_actor = length_adaptive_lambda(mask.sum(-1), self.cfg.lam_alpha)
         advantages, returns = decoupled_gae(batch["token_level_rewards"], batch["values"], mask, self.cfg.gamma,
                                             self.cfg.lam_critic, lam_actor)

@@ -44,12 +44,15 @@ def response_logprobs(
     temperature: float,
     device: torch.device,
     share_prompt: bool = False,
+    policy_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward pass of prompts + responses; log-prob and entropy of each response token.
+    """One forward pass of prompts + responses; log-prob and entropy of each of the policy's response tokens.
 
     policy: a :class:`~mmrl.models.forward.PolicyForward` (possibly FSDP-sharded).
-    responses, response_mask: (B, R). Returns logp (B, R) and entropy (B, R), float32, zero on padding.
-    Columns past the longest real response are not computed (padding is not compute).
+    responses, response_mask: (B, R), the mask the attention extent (holes included: the forward sees them
+    as context). policy_mask: (B, R), the policy's own tokens (:mod:`mmrl.trajectory`), a subset of
+    ``response_mask``; None: all of it. Returns logp (B, R) and entropy (B, R), float32, zero at holes and
+    padding. Columns past the longest real response are not computed (padding is not compute).
     share_prompt: when a prompt repeats (the n samples of a prompt), run its tokens once: one packed
     sequence per distinct prompt (:mod:`mmrl.models.packing`). Gradients flow when called with grad enabled.
     """
@@ -67,6 +70,8 @@ def response_logprobs(
         logits = policy(inputs, width + 1)[:, :-1]
     log_probs = policy_log_softmax(logits, banned_ids, temperature)
     logp, entropy = gather_logprobs_entropy(log_probs, responses.to(device))
-    mask = response_mask.to(device)
+    # A hole may hold a banned token (logp -inf): select, not multiply, so that no NaN appears.
+    scored = ((response_mask if policy_mask is None else policy_mask[:, :width]) > 0).to(device)
     pad = (0, full_width - width)
-    return F.pad(logp * mask, pad), F.pad(entropy * mask, pad)
+    return (F.pad(torch.where(scored, logp, torch.zeros_like(logp)), pad),
+            F.pad(torch.where(scored, entropy, torch.zeros_like(entropy)), pad))

@@ -74,7 +74,8 @@ def pack(
 ) -> dict[str, torch.Tensor]:
     """Model inputs for the packed forward of B (prompt, response) rows.
 
-    prompts: B encoded prompts (repeats by identity share a packed row); responses, response_mask: (B, R).
+    prompts: B encoded prompts (repeats by identity share a packed row); responses, response_mask: (B, R), the
+    mask the attention extent (a hole, a token the policy did not sample, is context like any response token).
     Returns input_ids, mm_token_type_ids (G, W); position_ids (3, G, W); packed_mask (G, 1, W, W) bool, True where a
     query may attend; packed_gather (B, R) int64: the flat index
     into the (G*W) positions of the state that predicts each response token; and the distinct prompts' media.

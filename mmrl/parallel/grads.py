@@ -17,6 +17,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 AllReduce = Callable[[torch.Tensor], torch.Tensor]
+"""A sum over the data-parallel ranks: sums the tensor in place and returns it (the identity on one rank)."""
 
 
 def sum_replicated_grads(params: Sequence[nn.Parameter], all_reduce: AllReduce) -> None:

@@ -5,15 +5,19 @@ from __future__ import annotations
 import torch
 
 from mmrl.protocol import Batch
+from mmrl.trajectory import policy_mask
 
 
 def step_metrics(batch: Batch) -> dict[str, float]:
-    """Score, advantage (over valid tokens) and length statistics, and the rollout/trainer agreement.
+    """Score, advantage (over the policy's tokens) and length statistics, and the rollout/trainer agreement.
 
-    batch: token_level_rewards, advantages, response_mask, entropy, rollout_log_probs, old_log_probs, each (B, R).
+    batch: token_level_rewards, advantages, response_mask, entropy, rollout_log_probs, old_log_probs, each
+    (B, R), and policy_mask when the responses have holes (:mod:`mmrl.trajectory`). The lengths are the
+    extent's (``response_length/*``) and the policy's tokens' (``response_length/policy_tokens``); every
+    per-token statistic is over the policy's tokens.
     """
-    mask = batch["response_mask"]
-    lengths = mask.sum(-1)
+    lengths = batch["response_mask"].sum(-1)
+    mask = policy_mask(batch)
     scores = batch["token_level_rewards"].sum(-1)
     adv = batch["advantages"][mask.bool()]
     trainer_side = {}  # absent when an on-policy step took its old log-probs inside the update
@@ -32,6 +36,7 @@ def step_metrics(batch: Batch) -> dict[str, float]:
         "response_length/mean": float(lengths.float().mean()),
         "response_length/max": float(lengths.max()),
         "response_length/clip_ratio": float((lengths >= mask.shape[1]).float().mean()),
+        "response_length/policy_tokens": float(mask.sum(-1).float().mean()),
     }
 
 
@@ -53,11 +58,11 @@ def group_metrics(batch: Batch, scores: torch.Tensor) -> dict[str, float]:
 
 
 def value_metrics(batch: Batch) -> dict[str, float]:
-    """Value and return statistics over valid tokens, and the explained variance of the returns by the
-    values; empty without a critic. batch: values, returns, response_mask, each (B, R)."""
+    """Value and return statistics over the policy's tokens, and the explained variance of the returns by the
+    values; empty without a critic. batch: values, returns, response_mask (and policy_mask), each (B, R)."""
     if "values" not in batch.tensors:
         return {}
-    mask = batch["response_mask"].bool()
+    mask = policy_mask(batch).bool()
     values, returns = batch["values"][mask], batch["returns"][mask]
     var = returns.var(unbiased=False)
     explained = 1 - (returns - values).var(unbiased=False) / var if var > 0 else torch.tensor(float("nan"))
@@ -78,6 +83,6 @@ def timing_metrics(batch: Batch, timing: dict[str, float], world_size: int) -> d
 
 
 def non_finite(batch: Batch, keys: tuple[str, ...]) -> list[str]:
-    """The tensors of ``keys`` that hold a NaN or an infinity on a valid response token."""
-    mask = batch["response_mask"].bool()
+    """The tensors of ``keys`` that hold a NaN or an infinity on a policy token (the only tokens read)."""
+    mask = policy_mask(batch).bool()
     return [k for k in keys if k in batch.tensors and not torch.isfinite(batch[k][mask]).all()]

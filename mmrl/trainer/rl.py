@@ -36,8 +36,8 @@ from mmrl.trainer.dataset import PromptLoader, load_rows
 from mmrl.trainer.evaluation import EvalResult, evaluate, samples_html, samples_table
 from mmrl.trainer.metrics import non_finite, step_metrics, timing_metrics, value_metrics
 from mmrl.trainer.plots import plot_curves
-from mmrl.trainer.reward_stage import (CombinedReward, JudgeReward, ModelReward, RewardStage, RuleReward, Verifier,
-                                       place_on_last_token)
+from mmrl.trainer.reward_stage import CombinedReward, JudgeReward, ModelReward, RewardStage, RuleReward, Verifier
+from mmrl.trajectory import place_on_last_token, policy_mask
 from mmrl.workers.actor import old_log_prob_source
 from mmrl.workers.critic import CriticWorker
 from mmrl.workers.hybrid import ActorRolloutRefWorker
@@ -266,7 +266,7 @@ class RLTrainer:
         """Subtract the controller's coefficient x the per-token KL to the reference from the token rewards."""
         coef = self.kl_ctrl.value
         rewards, kl = kl_in_reward(batch["token_level_rewards"], batch["old_log_probs"], batch["ref_log_probs"],
-                                   batch["response_mask"], coef, self.cfg.algorithm.kl_penalty)
+                                   policy_mask(batch), coef, self.cfg.algorithm.kl_penalty)
         batch.tensors["token_level_rewards"] = rewards
         self.kl_ctrl.update(kl, len(batch))
         return {"actor/reward_kl": kl, "actor/reward_kl_coef": coef}
@@ -275,7 +275,7 @@ class RLTrainer:
         """The reward stage's scores as ``token_level_rewards`` (on each response's last token), the
         reward metrics and the verifier's ``train/acc``."""
         scores, metrics = self.reward.score(batch)
-        batch.tensors["token_level_rewards"] = place_on_last_token(scores, batch["response_mask"])
+        batch.tensors["token_level_rewards"] = place_on_last_token(scores, policy_mask(batch))
         correct = self.verifier.correct(batch)
         batch.tensors["correct"] = torch.tensor(correct, dtype=torch.float32)
         metrics["train/acc"] = sum(correct) / len(correct)

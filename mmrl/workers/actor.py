@@ -15,10 +15,12 @@ import torch
 from mmrl.algos.losses import PolicyLoss, aggregate, kl_penalty, positive_lm_loss
 from mmrl.config import ActorConfig
 from mmrl.models.logprobs import response_logprobs
+from mmrl.parallel.grads import AllReduce
 from mmrl.parallel.sharding import Layout
 from mmrl.protocol import Batch
+from mmrl.trajectory import policy_mask
 from mmrl.workers.micro import FILLER, micro_batches
-from mmrl.workers.update import AllReduce, DataParallelUpdater
+from mmrl.workers.update import DataParallelUpdater
 
 
 @dataclass
@@ -39,7 +41,8 @@ def batched_logprobs(
     with_entropy: bool,
     all_reduce: AllReduce | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """No-grad log-probs and entropy (each (B, R)) of ``batch['responses']``, micro-batch by micro-batch.
+    """No-grad log-probs and entropy (each (B, R), 0 at holes and padding) of ``batch['responses']``,
+    micro-batch by micro-batch.
 
     policy: a (possibly sharded) :class:`~mmrl.models.forward.PolicyForward`. ``all_reduce`` (a sum over
     ranks) keeps the micro-batch count equal on all ranks under a token budget.
@@ -53,6 +56,7 @@ def batched_logprobs(
                 policy, micro["prompt"], micro["responses"], micro["response_mask"],
                 pad_token_id=spec.pad_token_id, banned_ids=spec.banned_ids,
                 temperature=spec.temperature, device=device, share_prompt=spec.share_prompt,
+                policy_mask=micro.tensors.get("policy_mask"),
             )
             if micro.meta.get(FILLER):
                 continue
@@ -92,7 +96,8 @@ class PolicyUpdater(DataParallelUpdater):
         self.share_prompt = spec.share_prompt
 
     def update(self, batch: Batch) -> dict[str, float]:
-        """batch: responses, response_mask, old_log_probs, advantages (and ref_log_probs with KL loss)."""
+        """batch: responses, response_mask, old_log_probs, advantages (and ref_log_probs with KL loss), and
+        policy_mask when the responses have holes."""
         batch.require("prompt", "responses", "response_mask", "advantages")
         if old_log_prob_source(self.cfg) != "update":
             batch.require("old_log_probs")
@@ -104,11 +109,12 @@ class PolicyUpdater(DataParallelUpdater):
 
     def micro_loss(self, micro: Batch, denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
         cfg, dev = self.cfg, self.device
-        mask = micro["response_mask"].to(dev)
+        mask = policy_mask(micro).to(dev)  # the loss counts the policy's tokens; the forward sees the extent
         logp, entropy = response_logprobs(
             self.layout.root, micro["prompt"], micro["responses"], micro["response_mask"],
             pad_token_id=self.spec.pad_token_id, banned_ids=self.spec.banned_ids,
             temperature=self.spec.temperature, device=dev, share_prompt=self.share_prompt,
+            policy_mask=micro.tensors.get("policy_mask"),
         )
         # On-policy (old_log_probs=update) the ratio's denominator is this forward's own log-probs, detached.
         old = micro["old_log_probs"].to(dev) if "old_log_probs" in micro.tensors else logp.detach()

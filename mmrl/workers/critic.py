@@ -17,13 +17,15 @@ from mmrl.config import Config, CriticConfig
 from mmrl.controller import Dispatch, register
 from mmrl.models.encoding import collate
 from mmrl.models.loading import load_processor
+from mmrl.parallel.grads import AllReduce
 from mmrl.parallel.sharding import Layout, full_state
 from mmrl.protocol import Batch
+from mmrl.trajectory import policy_mask
 from mmrl.workers.micro import FILLER, micro_batches
 from mmrl.workers.model_builder import build_model
 from mmrl.workers.prompts import SCORED, PromptCache
 from mmrl.workers.train_state import CheckpointedWorker
-from mmrl.workers.update import AllReduce, DataParallelUpdater
+from mmrl.workers.update import DataParallelUpdater
 
 
 
@@ -52,7 +54,7 @@ class ValueUpdater(DataParallelUpdater):
 
     def micro_loss(self, micro: Batch, denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
         dev = self.device
-        mask = micro["response_mask"].to(dev)
+        mask = policy_mask(micro).to(dev)  # the values of the policy's tokens only
         values = batch_values(self.layout.root, micro, self.pad_token_id, dev)
         loss, metrics = value_loss(
             values, micro["values"].to(dev), micro["returns"].to(dev), mask,

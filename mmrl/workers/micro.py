@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import torch
 
+from mmrl.parallel.grads import AllReduce
 from mmrl.protocol import Batch, balanced_sizes
 
-AllReduce = Callable[[torch.Tensor], torch.Tensor]
 Cost = Callable[[int, int], int]
 
 

@@ -1,28 +1,29 @@
 """The data-parallel update loop shared by the actor and the critic.
 
 Each rank holds an equal-size slice of a step's batch (padded rows carry a zero response mask). For each
-epoch and mini-batch: losses are normalised by the mini-batch's *global* token (or sequence) count, the
-micro-batch gradients accumulate, replicated gradients are summed over ranks (FSDP sums the sharded
-ones), the global norm is clipped, and the optimizer steps. N ranks thus compute exactly the update one
-rank would compute on the whole mini-batch. A non-finite loss (on any rank) or gradient norm skips the
-optimizer step on every rank: nothing non-finite reaches the weights (counted as ``skipped_updates``).
+epoch and mini-batch: losses are normalised by the mini-batch's *global* count of the policy's tokens
+(:mod:`mmrl.trajectory`) or of sequences, the micro-batch gradients accumulate, replicated gradients are
+summed over ranks (FSDP sums the sharded ones), the global norm is clipped, and the optimizer steps. N ranks
+thus compute exactly the update one rank would compute on the whole mini-batch. A non-finite loss (on any
+rank) or gradient norm skips the optimizer step on every rank: nothing non-finite reaches the weights
+(counted as ``skipped_updates``).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from mmrl.config import UpdateConfig
-from mmrl.parallel.grads import clip_grad_norm, sum_replicated_grads
+from mmrl.parallel.grads import AllReduce, clip_grad_norm, sum_replicated_grads
 from mmrl.parallel.sharding import Layout
 from mmrl.protocol import Batch
+from mmrl.trajectory import policy_mask
 from mmrl.workers.micro import micro_batches, mini_batches
 
-AllReduce = Callable[[torch.Tensor], torch.Tensor]
 log = logging.getLogger(__name__)
 
 
@@ -69,8 +70,8 @@ def real_rows(batch: Batch) -> torch.Tensor:
 
 class DataParallelUpdater:
     """Subclasses define :meth:`micro_loss`; its metrics are sums that the updater adds over micro-batches
-    and ranks, then divides by the mini-batch's token count (except the ``normalised`` ones, which already
-    carry the global denominator)."""
+    and ranks, then divides by the mini-batch's count of policy tokens (except the ``normalised`` ones, which
+    already carry the global denominator)."""
 
     prefix = ""
     normalised: tuple[str, ...] = ()
@@ -104,14 +105,14 @@ class DataParallelUpdater:
         return float(self.all_reduce(torch.as_tensor(local, dtype=torch.float64).clone()))
 
     def denominator(self, mini: Batch) -> float:
-        """Global count the loss is divided by: valid tokens (token-mean) or real sequences."""
+        """Global count the loss is divided by: the policy's tokens (token-mean) or real sequences."""
         if self.cfg.loss_agg_mode == "token-mean":
-            return self.global_count(mini["response_mask"].sum())
+            return self.global_count(policy_mask(mini).sum())
         return self.global_count(real_rows(mini).sum())
 
     def update_mini_batch(self, mini: Batch) -> dict[str, float]:
         denominator = self.denominator(mini)
-        tokens = max(self.global_count(mini["response_mask"].sum()), 1.0)
+        tokens = max(self.global_count(policy_mask(mini).sum()), 1.0)
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}  # this rank's partial sums of each metric; summed over ranks below
         non_finite_losses = 0

@@ -8,10 +8,10 @@ import torch
 
 from mmrl.algos.filters import group_win_rates, mixed_groups, pf_ppo_filter
 from mmrl.algos.kl_control import AdaptiveKLController, FixedKLController, kl_in_reward
-from mmrl.algos.ppo import gae_advantages
+from mmrl.algos.ppo import gae, gae_advantages
 from mmrl.algos.reinforce_pp import reinforce_pp_advantages, reinforce_pp_baseline_advantages, returns_to_go
 from mmrl.algos.remax import remax_advantages
-from mmrl.algos.vapo import decoupled_gae, gae_per_row_lambda, length_adaptive_lambda
+from mmrl.algos.vapo import decoupled_gae, length_adaptive_lambda
 
 R = 6
 LENGTHS = [1, 3, R, 4, 2, 6, 1]
@@ -432,27 +432,27 @@ PER_ROW_LAM = [0.0, 0.5, 0.95, 1.0, 0.3, 0.8, 0.99]
 
 
 @pytest.mark.parametrize("gamma", [1.0, 0.9])
-def test_gae_per_row_lambda_against_loop_reference(gamma):
+def test_gae_with_a_lambda_per_row_against_loop_reference(gamma):
     rewards, values, mask = ragged_inputs(14)
-    adv = gae_per_row_lambda(rewards, values, mask, gamma, torch.tensor(PER_ROW_LAM))
+    adv, _ = gae(rewards, values, mask, gamma, torch.tensor(PER_ROW_LAM))
     expected = [gae_reference(row(rewards, b, n), row(values, b, n), gamma, PER_ROW_LAM[b])
                 for b, n in enumerate(LENGTHS)]
     assert_rows(adv, expected, LENGTHS)
 
 
-def test_gae_per_row_lambda_by_hand():
+def test_gae_with_a_lambda_per_row_by_hand():
     rewards = torch.tensor([[0.0, 1.0, 5.0], [2.0, 0.0, 0.0]])
     values = torch.tensor([[0.5, 0.2, 9.0], [1.0, 4.0, 4.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    adv = gae_per_row_lambda(rewards, values, mask, 1.0, torch.tensor([0.5, 1.0]))
+    adv, _ = gae(rewards, values, mask, 1.0, torch.tensor([0.5, 1.0]))
     # row 0: delta1 = 1 - .2 = .8, delta0 = 0 + .2 - .5 = -.3, A0 = -.3 + .5 * .8 = .1
     # row 1 (one token): delta0 = 2 - 1 = 1
     assert adv.tolist() == [pytest.approx([0.1, 0.8, 0.0]), pytest.approx([1.0, 0.0, 0.0])]
 
 
-def test_gae_per_row_lambda_with_a_constant_lambda_matches_ppo():
+def test_gae_with_a_constant_lambda_per_row_matches_ppo():
     rewards, values, mask = ragged_inputs(15)
-    raw = gae_per_row_lambda(rewards, values, mask, 0.97, torch.full((len(LENGTHS),), 0.9))
+    raw, _ = gae(rewards, values, mask, 0.97, torch.full((len(LENGTHS),), 0.9))
     ppo_adv, ppo_ret = gae_advantages(rewards, values, mask, 0.97, 0.9)
     expected = [gae_reference(row(rewards, b, n), row(values, b, n), 0.97, 0.9)
                 for b, n in enumerate(LENGTHS)]
