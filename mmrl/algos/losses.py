@@ -12,8 +12,9 @@ data-parallel ranks add up to the mean over the whole mini-batch.
 Policy losses: PPO's clipped surrogate (asymmetric clip-higher with ``clip_low != clip_high``, and dual-clip
 with ``clip_ratio_c``), GSPO (sequence-level ratio), SPPO (squared log-ratio regression onto win rates) and
 VAPO's positive-example LM loss. ``POLICY_LOSSES`` maps ``actor.policy_loss`` names to functions of one
-signature (:class:`PolicyLoss`); losses that need other inputs than advantages (SPPO, the LM loss) are
-plain functions only.
+signature (:class:`PolicyLoss`); ``EXTRA_LOSSES`` maps the names of the losses an algorithm adds to its policy
+loss (``Algorithm.extra_losses``) to functions of another (:class:`ExtraLoss`). A table loss that reads
+per-sample batch fields beyond the common ones declares them in ``LOSS_FIELDS`` and gets each by keyword.
 """
 
 from __future__ import annotations
@@ -276,7 +277,8 @@ class PolicyLoss(Protocol):
         cfg: ActorConfig,
         denominator: float | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """logp, old_logp, advantages, mask: (B, R) -> (loss, metrics).
+        """logp, old_logp, advantages, mask: (B, R) -> (loss, metrics), plus the fields :data:`LOSS_FIELDS`
+        names for it, by keyword.
 
         Every metric is a mean over the valid tokens of the batch given (the updater weights it by their
         number to average over micro-batches and ranks).
@@ -344,11 +346,16 @@ def sppo(
     *,
     cfg: ActorConfig,
     denominator: float | None = None,
+    win_rates: torch.Tensor,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """:func:`sppo_loss` for the SPPO algorithm, whose advantage is each sample's win rate minus one half,
-    the same on every token (:mod:`mmrl.algos.sppo`); ``actor.sppo_eta``; (B, R) inputs, ``denominator``
-    a sequence count (any ``loss_agg_mode`` other than token-mean)."""
-    win_rates = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1) + 0.5
+    """:func:`sppo_loss` on the batch's ``win_rates`` (B,) (:mod:`mmrl.algos.sppo` computes them) with
+    ``actor.sppo_eta``; the advantages are not read. logp, old_logp, mask: (B, R); ``denominator`` a sequence
+    count (a sequence ``loss_agg_mode``: the loss is in :data:`POLICY_LOSS_NEEDS_SEQUENCE_AGG`).
+
+    A row without a valid token (a dispatcher's padding copy) has no log-ratio to regress: its rate is taken
+    as 1/2, a target of 0, so that it adds nothing to the loss.
+    """
+    win_rates = win_rates.to(logp.dtype).masked_fill(mask.sum(-1) == 0, 0.5)
     return sppo_loss(logp, old_logp, win_rates, mask, eta=cfg.sppo_eta, denominator=denominator)
 
 
@@ -358,3 +365,49 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
     "gspo": gspo,
     "sppo": sppo,
 }
+
+POLICY_LOSS_NEEDS_SEQUENCE_AGG: frozenset[str] = frozenset({"sppo"})
+"""The policy losses that are one term per sequence: their ``denominator`` is a sequence count, so they need a
+sequence ``actor.loss_agg_mode`` (not token-mean)."""
+
+
+class ExtraLoss(Protocol):
+    def __call__(
+        self,
+        logp: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        cfg: ActorConfig,
+        denominator: float | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """logp, mask: (B, R) -> (loss, metrics), plus the fields :data:`LOSS_FIELDS` names for it, by keyword.
+
+        ``denominator`` is the policy loss's, so that the loss adds up over micro-batches and ranks as the
+        policy loss does; every metric is a mean over the valid tokens of the batch given.
+        """
+        ...
+
+
+def positive_lm(
+    logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cfg: ActorConfig,
+    denominator: float | None = None,
+    correct: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """VAPO's :func:`positive_lm_loss` on the verified-correct samples: logp, mask (B, R), correct (B,) (1 where
+    the verifier accepted the sample)."""
+    return positive_lm_loss(logp, mask, correct.bool(), denominator)
+
+
+EXTRA_LOSSES: dict[str, ExtraLoss] = {
+    "positive_lm": positive_lm,
+}
+
+LOSS_FIELDS: dict[str, tuple[str, ...]] = {
+    "sppo": ("win_rates",),
+    "positive_lm": ("correct",),
+}
+"""The per-sample batch fields a loss of either table reads beyond logp, old log-probs, advantages and the mask;
+the updater passes each to it by keyword. A loss not named here reads none."""
