@@ -1,8 +1,8 @@
 """SPPO, self-play preference optimisation (Wu et al., 2024): the sequence log-ratio of the policy to the
 previous one is pushed towards ``eta * (P(y wins) - 1/2)`` by a square loss (policy loss ``sppo``). The win
 rate of a response is estimated within its group, against the other responses to the same prompt, from the
-reward (a reward model's scores when ``reward.model.path`` is set, the rules' otherwise). The loss reads the win rates
-(``win_rates`` (B,)); the advantages, that win rate minus one half on every token, are for the metrics."""
+reward (a reward model's scores when ``reward.model.path`` is set, the rules' otherwise). The loss reads the
+win rates (``win_rates`` (B,)); the advantages, the win rate minus one half on every token, feed the metrics."""
 
 from __future__ import annotations
 

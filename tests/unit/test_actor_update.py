@@ -227,7 +227,8 @@ def test_the_positive_example_lm_loss_imitates_only_the_correct_samples(rollout_
     for (name, p), q in zip(trained.named_parameters(), reference.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-7, rtol=1e-4), name
     selected = mask * correct[:, None]
-    assert metrics["actor/positive_lm_loss"] == pytest.approx(float(-(logp.detach() * selected).sum() / mask.sum()), rel=1e-5)
+    nll = float(-(logp.detach() * selected).sum() / mask.sum())
+    assert metrics["actor/positive_lm_loss"] == pytest.approx(nll, rel=1e-5)
     assert metrics["actor/positive_token_frac"] == pytest.approx(float(selected.sum() / mask.sum()), rel=1e-6)
     without = Batch(tensors={k: v for k, v in lm.tensors.items() if k != "correct"}, objects=dict(lm.objects))
     with pytest.raises(KeyError, match="correct"):
