@@ -51,6 +51,9 @@ KNOWN_KEYS: dict[str, str] = {
     "advantages": "tensor (B, R) float32",
     "values": "tensor (B, R) float32: the critic's V(s_t) before each response token, at rollout time",
     "returns": "tensor (B, R) float32: GAE targets of the value loss (advantages + values)",
+    "correct": "tensor (B,) float32: 1 where the verifier accepted the response",
+    "baseline_scores": "tensor (B,) float32: the reward of a greedy response to the sample's prompt (ReMax)",
+    "win_rates": "tensor (B,) float32: the share of its group a response beats, ties counting half (SPPO)",
     # dispatch
     "is_pad": "tensor (B,) bool: True on rows DP_COMPUTE dispatch added so every rank gets as many rows; "
     "their response_mask and advantages are zero; leave them out of per-sequence counts",

@@ -1,13 +1,23 @@
-"""What an RL algorithm is to the driver: declarations, an advantage computation, an optional filter.
+"""What an RL algorithm is to the driver: declarations, hooks, an advantage computation, an optional filter.
 
-The driver and the config validation read only these declarations; nothing outside ``mmrl/algos/``
-branches on an algorithm's name.
+The driver and the config checks read only these declarations and call only these hooks; nothing outside
+``mmrl/algos/`` branches on an algorithm's name or reads a setting that one algorithm owns.
+
+A step, as the driver runs it::
+
+    batch, metrics = algorithm.collect(ctx, prompts)   # sample (+ extra rollouts), filter, maybe more rounds
+    ... old / reference log-probs, values ...
+    batch = batch.union(algorithm.compute_advantages(batch))
+    ... critic update; the actor update when algorithm.trains_actor(step), with the algorithm's
+    policy loss and extra losses, on the common fields plus algorithm.loss_fields
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar, Literal
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -15,40 +25,104 @@ from mmrl import trajectory
 from mmrl.config import AlgorithmConfig
 from mmrl.protocol import Batch
 
-RewardLevel = Literal["outcome", "token"]
+if TYPE_CHECKING:
+    from mmrl.rollout.base import SamplingParams
+
+
+@dataclass(frozen=True)
+class RolloutContext:
+    """What the trainer lends an algorithm's collection hooks for one step."""
+
+    sampling: SamplingParams
+    """The run's sampling: ``rollout.n`` responses per prompt at the rollout temperature."""
+    sample: Callable[[Batch], tuple[Batch, dict[str, float]]]
+    """prompts -> (one row per sample, ``sampling.n`` per prompt in prompt order, scored as :attr:`score` does;
+    the reward metrics). Timed as the step's ``gen`` and ``reward`` stages."""
+    generate: Callable[[Batch, SamplingParams], Batch]
+    """(prompts, params) -> ``params.n`` rows per prompt: the prompt's fields and the generated ones
+    (``responses``, ``response_mask``, ...). Not timed: a hook that calls it times itself with :attr:`timer`."""
+    score: Callable[[Batch], tuple[Batch, dict[str, float]]]
+    """samples -> (the same rows with ``token_level_rewards`` (B, R) and ``correct`` (B,), the reward metrics)."""
+    next_prompts: Callable[[], Batch]
+    """A fresh batch of prompts from the loader (``trainer.prompts_per_step`` of them, with new uids)."""
+    timer: Callable[[str], AbstractContextManager[None]]
+    """``with timer(stage):`` adds the block's seconds to the step's ``timing_s/<stage>``."""
 
 
 class Algorithm:
     """Base of every algorithm. A subclass sets the declarations below and implements
-    :meth:`compute_advantages`; it may override :meth:`filter`."""
+    :meth:`compute_advantages`; it may override :meth:`filter` and the hooks."""
 
     needs_critic: ClassVar[bool] = False
     """A value model is trained beside the policy and ``values`` are computed before the advantages."""
-    needs_reference: ClassVar[bool] = False
-    """The reference policy's log-probs are needed even without a KL loss (``actor.use_kl_loss`` loads it anyway)."""
     min_group_size: ClassVar[int] = 1
     """The smallest ``rollout.n`` it works with (group baselines compare the responses of one prompt)."""
-    reward_level: ClassVar[RewardLevel] = "outcome"
-    """``outcome``: one scalar per response (the sum of its token rewards); ``token``: per-token rewards."""
     policy_loss: ClassVar[str] = "ppo_clip"
     """The default policy loss, a key of :data:`mmrl.algos.losses.POLICY_LOSSES` (``actor.policy_loss`` overrides it)."""
-    dynamic_sampling: ClassVar[bool] = False
-    """:meth:`filter` drops whole groups, and the trainer generates more rounds (up to
-    ``algorithm.max_gen_rounds``) until ``trainer.prompts_per_step`` groups are kept (DAPO)."""
-    greedy_baseline: ClassVar[bool] = False
-    """The advantages need ``baseline_scores`` (B,): the reward of a greedy response to the same prompt (ReMax)."""
+    extra_losses: ClassVar[dict[str, str]] = {}
+    """The losses the actor's update adds to the policy loss: a key of :data:`mmrl.algos.losses.EXTRA_LOSSES` ->
+    the dotted config key of its coefficient (0 leaves it out)."""
+    loss_fields: ClassVar[tuple[str, ...]] = ()
+    """The per-sample batch fields the actor's update gets beyond the common ones (prompt, responses,
+    response_mask, advantages, old and reference log-probs): what its losses read (:data:`mmrl.algos.losses.
+    LOSS_FIELDS`). The ``update_actor`` dispatch ships them."""
+    config_keys: ClassVar[tuple[str, ...]] = ()
+    """The dotted config keys this class reads; with its bases' and its extra losses' coefficients they are the
+    keys it owns (:meth:`owned_keys`). A key some algorithm owns is refused under the others."""
 
     def __init__(self, cfg: AlgorithmConfig) -> None:
         self.cfg = cfg
 
     def compute_advantages(self, batch: Batch) -> Batch:
         """Scored samples -> a Batch with ``advantages`` (B, R), zero at holes and padding, plus any other
-        targets the updates need (``returns`` for a critic)."""
+        targets the updates need (``returns`` for a critic, the :attr:`loss_fields` its losses read)."""
         raise NotImplementedError
 
     def filter(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """Run after scoring, before the log-prob passes: the samples to keep, and metrics. Keeps all."""
         return batch, {}
+
+    @classmethod
+    def owned_keys(cls) -> tuple[str, ...]:
+        """The config keys of this class and of every base along its MRO, and its extra losses' coefficients."""
+        keys = [key for klass in reversed(cls.__mro__) for key in vars(klass).get("config_keys", ())]
+        return tuple(dict.fromkeys([*keys, *cls.extra_losses.values()]))
+
+    # ---- hooks --------------------------------------------------------------------------------
+
+    def collect(self, ctx: RolloutContext, prompts: Batch) -> tuple[Batch, dict[str, float]]:
+        """The step's training samples and the metrics of collecting them: one round of :meth:`sample`, then
+        :meth:`filter`."""
+        batch, metrics = self.sample(ctx, prompts)
+        batch, filter_metrics = self.filter(batch)
+        return batch, metrics | filter_metrics
+
+    def sample(self, ctx: RolloutContext, prompts: Batch) -> tuple[Batch, dict[str, float]]:
+        """``rollout.n`` scored responses to each prompt, with what :meth:`extra_rollouts` adds."""
+        batch, metrics = ctx.sample(prompts)
+        return self.extra_rollouts(ctx, prompts, batch), metrics
+
+    def extra_rollouts(self, ctx: RolloutContext, prompts: Batch, batch: Batch) -> Batch:
+        """More generation the advantages need beside the samples (ReMax's greedy baseline): ``batch`` (the
+        scored samples of ``prompts``) with the fields it adds. Adds none."""
+        return batch
+
+    def trains_actor(self, step: int) -> bool:
+        """Whether this step updates the actor (the critic, if any, is always updated); ``step`` counts the
+        steps finished before it (0 in the first). Always."""
+        return True
+
+
+class WithCritic(Algorithm):
+    """An algorithm that trains a value model beside the policy; its first ``algorithm.critic_warmup_steps``
+    steps train the critic alone (value pre-training: the actor waits for useful values)."""
+
+    needs_critic: ClassVar[bool] = True
+    config_keys: ClassVar[tuple[str, ...]] = ("algorithm.critic_warmup_steps",)
+
+    def trains_actor(self, step: int) -> bool:
+        """From step ``algorithm.critic_warmup_steps`` on (0-based)."""
+        return step >= self.cfg.critic_warmup_steps
 
 
 def keep_rows(batch: Batch, keep: torch.Tensor) -> tuple[Batch, dict[str, float]]:
@@ -59,8 +133,6 @@ def keep_rows(batch: Batch, keep: torch.Tensor) -> tuple[Batch, dict[str, float]
 
 class OutcomeAlgorithm(Algorithm):
     """An algorithm whose advantage is one number per response, broadcast over its policy tokens."""
-
-    reward_level: ClassVar[RewardLevel] = "outcome"
 
     def compute_advantages(self, batch: Batch) -> Batch:
         batch.require("token_level_rewards", "response_mask", "uid")

@@ -25,6 +25,7 @@ def grpo_advantages(
 
 class GRPO(OutcomeAlgorithm):
     min_group_size = 2
+    config_keys = ("algorithm.norm_adv_by_std", "algorithm.epsilon")
 
     def outcome_advantages(self, scores: torch.Tensor, uids: Sequence[str]) -> torch.Tensor:
         return grpo_advantages(scores, uids, norm_by_std=self.cfg.norm_adv_by_std, epsilon=self.cfg.epsilon)

@@ -15,17 +15,17 @@ data-parallel ranks add up to the mean over the whole mini-batch.
 
 Policy losses: PPO's clipped surrogate (asymmetric clip-higher with ``clip_low != clip_high``, and dual-clip
 with ``clip_ratio_c``), GSPO (sequence-level ratio), SPPO (squared log-ratio regression onto win rates) and
-VAPO's positive-example LM loss. ``POLICY_LOSSES`` maps ``actor.policy_loss`` names to callables of one
-signature, each a :class:`PolicyLoss`: a loss function and the ``actor`` keys it reads. SPPO's entry reads
-its win rates back from the advantages (:func:`sppo_on_advantages`); VAPO's LM loss needs the samples'
-correctness, so the actor calls it directly, outside the table.
+VAPO's positive-example LM loss. ``POLICY_LOSSES`` maps ``actor.policy_loss`` names to functions of one
+signature (:class:`PolicyLoss`); ``EXTRA_LOSSES`` maps the names of the losses an algorithm adds to its policy
+loss (``Algorithm.extra_losses``) to functions of another (:class:`ExtraLoss`). A table loss that reads
+per-sample batch fields beyond the common ones declares them in ``LOSS_FIELDS`` and gets each by keyword.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -288,22 +288,6 @@ def sppo_settings(cfg: ActorConfig) -> dict[str, Any]:
     return {"eta": cfg.sppo_eta}
 
 
-def sppo_on_advantages(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    eta: float,
-    denominator: float | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """:func:`sppo_loss` for the SPPO algorithm, whose advantage is each sample's win rate minus one half on
-    every valid token (:mod:`mmrl.algos.sppo`); (B, R) inputs, ``denominator`` a sequence count (any
-    ``loss_agg_mode`` other than token-mean)."""
-    win_rates = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1) + 0.5
-    return sppo_loss(logp, old_logp, win_rates, mask, eta=eta, denominator=denominator)
-
-
 @dataclass(frozen=True)
 class PolicyLoss:
     """An entry of :data:`POLICY_LOSSES`: a loss function and the keyword arguments it takes from ``actor``.
@@ -324,20 +308,43 @@ class PolicyLoss:
         *,
         cfg: ActorConfig,
         denominator: float | None = None,
+        **fields: torch.Tensor,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """logp, old_logp, advantages, mask: (B, R) -> (loss, metrics); ``mask``: the policy's own tokens.
+        """logp, old_logp, advantages, mask: (B, R) -> (loss, metrics); ``mask``: the policy's own tokens. The
+        fields :data:`LOSS_FIELDS` names for this loss come by keyword (``fields``).
 
         Every metric is a mean over the valid tokens of the batch given (the updater weights it by their
         number to average over micro-batches and ranks).
         """
-        return self.loss(logp, old_logp, advantages, mask, denominator=denominator, **self.settings(cfg))
+        return self.loss(logp, old_logp, advantages, mask, denominator=denominator, **self.settings(cfg), **fields)
+
+
+def sppo_on_win_rates(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eta: float,
+    win_rates: torch.Tensor,
+    denominator: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """:func:`sppo_loss` on the batch's ``win_rates`` (B,) (:mod:`mmrl.algos.sppo` computes them); the advantages
+    are not read. logp, old_logp, mask: (B, R); ``denominator`` a sequence count (a sequence ``loss_agg_mode``:
+    the loss is in :data:`POLICY_LOSS_NEEDS_SEQUENCE_AGG`).
+
+    A row without a policy token (a dispatcher's padding copy) has no log-ratio to regress: its rate is taken
+    as 1/2, a target of 0, so that it adds nothing to the loss.
+    """
+    win_rates = win_rates.to(logp.dtype).masked_fill(mask.sum(-1) == 0, 0.5)
+    return sppo_loss(logp, old_logp, win_rates, mask, eta=eta, denominator=denominator)
 
 
 ppo_clip = PolicyLoss(ppo_clip_loss, clip_settings)
 dual_clip = PolicyLoss(ppo_clip_loss, dual_clip_settings)
 # GSPO's clip range is ~1e-4 wide: set actor.clip_ratio_low/high accordingly (e.g. 3e-4 / 4e-4).
 gspo = PolicyLoss(gspo_loss, clip_settings)
-sppo = PolicyLoss(sppo_on_advantages, sppo_settings)
+sppo = PolicyLoss(sppo_on_win_rates, sppo_settings)
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {
     "ppo_clip": ppo_clip,
@@ -345,3 +352,49 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
     "gspo": gspo,
     "sppo": sppo,
 }
+
+POLICY_LOSS_NEEDS_SEQUENCE_AGG: frozenset[str] = frozenset({"sppo"})
+"""The policy losses that are one term per sequence: their ``denominator`` is a sequence count, so they need a
+sequence ``actor.loss_agg_mode`` (not token-mean)."""
+
+
+class ExtraLoss(Protocol):
+    def __call__(
+        self,
+        logp: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        cfg: ActorConfig,
+        denominator: float | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """logp, mask: (B, R) -> (loss, metrics), plus the fields :data:`LOSS_FIELDS` names for it, by keyword.
+
+        ``denominator`` is the policy loss's, so that the loss adds up over micro-batches and ranks as the
+        policy loss does; every metric is a mean over the valid tokens of the batch given.
+        """
+        ...
+
+
+def positive_lm(
+    logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cfg: ActorConfig,
+    denominator: float | None = None,
+    correct: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """VAPO's :func:`positive_lm_loss` on the verified-correct samples: logp, mask (B, R), correct (B,) (1 where
+    the verifier accepted the sample)."""
+    return positive_lm_loss(logp, mask, correct.bool(), denominator)
+
+
+EXTRA_LOSSES: dict[str, ExtraLoss] = {
+    "positive_lm": positive_lm,
+}
+
+LOSS_FIELDS: dict[str, tuple[str, ...]] = {
+    "sppo": ("win_rates",),
+    "positive_lm": ("correct",),
+}
+"""The per-sample batch fields a loss of either table reads beyond logp, old log-probs, advantages and the mask;
+the updater passes each to it by keyword. A loss not named here reads none."""

@@ -15,6 +15,7 @@ from mmrl.protocol import Batch
 
 class PFPPO(PPO):
     min_group_size = 2
+    config_keys = ("algorithm.filter_mode", "algorithm.filter_k")
 
     def filter(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         batch.require("token_level_rewards", "uid")

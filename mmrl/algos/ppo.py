@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from mmrl import trajectory
-from mmrl.algos.base import Algorithm, RewardLevel
+from mmrl.algos.base import WithCritic
 from mmrl.algos.masked import masked_whiten
 from mmrl.protocol import Batch
 
@@ -59,9 +59,8 @@ def gae_advantages(
     return masked_whiten(advantages, policy_mask.to(values.dtype)), returns
 
 
-class PPO(Algorithm):
-    needs_critic = True
-    reward_level: RewardLevel = "token"
+class PPO(WithCritic):
+    config_keys = ("algorithm.gamma", "algorithm.lam")
 
     def compute_advantages(self, batch: Batch) -> Batch:
         batch.require("token_level_rewards", "values", "response_mask")

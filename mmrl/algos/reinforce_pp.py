@@ -12,7 +12,7 @@ from typing import ClassVar
 import torch
 
 from mmrl import trajectory
-from mmrl.algos.base import Algorithm, RewardLevel
+from mmrl.algos.base import Algorithm
 from mmrl.algos.groups import group_stats
 from mmrl.algos.masked import masked_whiten
 from mmrl.protocol import Batch
@@ -71,9 +71,9 @@ def reinforce_pp_baseline_advantages(
 
 class ReinforcePP(Algorithm):
     """REINFORCE++ (Hu, 2025): no critic; token-level returns of the rewards (with the KL penalty in them,
-    ``algorithm.use_kl_in_reward=true`` in configs/reinforce_plus_plus.yaml), whitened over the batch."""
+    ``algorithm.use_kl_in_reward=true`` in configs/algos/reinforce_plus_plus.yaml), whitened over the batch."""
 
-    reward_level: ClassVar[RewardLevel] = "token"
+    config_keys: ClassVar[tuple[str, ...]] = ("algorithm.gamma",)
 
     def compute_advantages(self, batch: Batch) -> Batch:
         batch.require("token_level_rewards", "response_mask")

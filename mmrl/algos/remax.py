@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from dataclasses import replace
 
 import torch
 
 from mmrl import trajectory
-from mmrl.algos.base import Algorithm
+from mmrl.algos.base import Algorithm, RolloutContext
 from mmrl.algos.reinforce_pp import returns_to_go
 from mmrl.protocol import Batch
 
@@ -29,9 +29,16 @@ def remax_advantages(
 
 class ReMax(Algorithm):
     """ReMax (Li et al., 2023): REINFORCE whose baseline is the reward of the greedy response to the same
-    prompt (the trainer generates and scores it: ``greedy_baseline``)."""
+    prompt (generated and scored in :meth:`extra_rollouts`)."""
 
-    greedy_baseline: ClassVar[bool] = True
+    def extra_rollouts(self, ctx: RolloutContext, prompts: Batch, batch: Batch) -> Batch:
+        """Adds ``baseline_scores`` (B,): the reward of one greedy response to each sample's prompt (the
+        stage ``timing_s/baseline``)."""
+        with ctx.timer("baseline"):
+            greedy = ctx.generate(prompts, replace(ctx.sampling, n=1, greedy=True))
+            greedy, _ = ctx.score(greedy)
+        batch.tensors["baseline_scores"] = greedy["token_level_rewards"].sum(-1).repeat_interleave(ctx.sampling.n)
+        return batch
 
     def compute_advantages(self, batch: Batch) -> Batch:
         batch.require("token_level_rewards", "response_mask", "baseline_scores")

@@ -11,8 +11,8 @@ from typing import ClassVar
 import torch
 
 from mmrl import trajectory
-from mmrl.algos.base import RewardLevel
-from mmrl.algos.dapo import DAPO
+from mmrl.algos.base import WithCritic
+from mmrl.algos.dapo import DynamicSampling
 from mmrl.algos.masked import masked_whiten
 from mmrl.algos.ppo import gae
 from mmrl.protocol import Batch
@@ -50,15 +50,16 @@ def decoupled_gae(
     return masked_whiten(actor_adv, mask), returns
 
 
-class VAPO(DAPO):
+class VAPO(WithCritic, DynamicSampling):
     """VAPO (Yue et al., 2025): value-based PPO with DAPO's pieces. A critic (warmed up alone for
     ``algorithm.critic_warmup_steps``), decoupled GAE (the critic's targets with ``algorithm.lam_critic``, the
     actor's advantages with a length-adaptive lambda, ``algorithm.lam_alpha``), and from DAPO dynamic
     sampling, clip-higher, the token-level loss and overlong shaping; plus the positive-example LM loss
-    (``actor.positive_lm_coef``). configs/vapo.yaml sets them."""
+    (``actor.positive_lm_coef``, on the samples the verifier accepts). configs/algos/vapo.yaml sets them."""
 
-    needs_critic: ClassVar[bool] = True
-    reward_level: ClassVar[RewardLevel] = "token"
+    config_keys: ClassVar[tuple[str, ...]] = ("algorithm.gamma", "algorithm.lam_critic", "algorithm.lam_alpha")
+    extra_losses: ClassVar[dict[str, str]] = {"positive_lm": "actor.positive_lm_coef"}
+    loss_fields: ClassVar[tuple[str, ...]] = ("correct",)
 
     def compute_advantages(self, batch: Batch) -> Batch:
         batch.require("token_level_rewards", "values", "response_mask")

@@ -3,10 +3,11 @@ critic group when the algorithm needs one).
 
 One step, as in design.md::
 
-    prompts -> generate n responses -> rewards -> the algorithm's filter -> old (and ref) log-probs
-    -> (critic values) -> the algorithm's advantages -> (critic update) -> actor update
+    prompts -> the algorithm's collection (generate n responses, rewards, extra rollouts, filter, more rounds)
+    -> old (and ref) log-probs -> (critic values) -> the algorithm's advantages -> (critic update) -> actor update
 
-What differs between algorithms is read from the algorithm object (:mod:`mmrl.algos`), never from its name.
+What differs between algorithms comes from the algorithm object's declarations and hooks (:mod:`mmrl.algos`),
+never from its name or from a setting one algorithm owns.
 Around the steps: a resumable checkpoint every ``trainer.save_every`` steps, resume from one, and recovery
 from a dead or hung worker (rebuild the groups, load the newest checkpoint, carry on).
 """
@@ -17,11 +18,11 @@ import logging
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Literal
 
 import torch
 
-from mmrl.algos import build_algorithm, needs_reference
+from mmrl.algos import RolloutContext, build_algorithm, needs_reference
 from mmrl.algos.kl_control import build_kl_controller, kl_in_reward
 from mmrl.config import Config
 from mmrl.controller import ResourcePool, WorkerFailure, WorkerGroup
@@ -38,7 +39,7 @@ from mmrl.trainer.metrics import non_finite, step_metrics, timing_metrics, value
 from mmrl.trainer.plots import plot_curves
 from mmrl.trainer.reward_stage import CombinedReward, JudgeReward, ModelReward, RewardStage, RuleReward, Verifier
 from mmrl.trajectory import place_on_last_token, policy_mask
-from mmrl.workers.actor import old_log_prob_source
+from mmrl.workers.actor import on_policy
 from mmrl.workers.critic import CriticWorker
 from mmrl.workers.hybrid import ActorRolloutRefWorker
 from mmrl.workers.judge import JudgeWorker
@@ -68,8 +69,7 @@ class RLTrainer:
         check_checkpoint(self.checkpoint, "trainer.init")  # before any worker starts
         self.algorithm = build_algorithm(cfg)
         self.with_reference = needs_reference(cfg)
-        # "update": taken inside the update's forward (not when a KL penalty in the reward needs them first)
-        self.old_log_probs = old_log_prob_source(cfg.actor, needed_before_update=cfg.algorithm.use_kl_in_reward)
+        self.old_log_probs = old_log_prob_source(cfg)
         self.sampling = SamplingParams(
             n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
             top_k=cfg.rollout.top_k, max_new_tokens=cfg.rollout.max_new_tokens,
@@ -184,7 +184,7 @@ class RLTrainer:
         self.timing = {}
         with self.timer("step"):
             syncs = self.begin_step()
-            batch, metrics, filter_metrics = self.collect(prompts)
+            batch, metrics = self.collect(prompts)
             self.workers.release_engine()
             if self.old_log_probs == "recompute":
                 with self.timer("old_log_prob"):
@@ -203,7 +203,7 @@ class RLTrainer:
                 batch = batch.union(self.algorithm.compute_advantages(batch))
             metrics |= self.update(batch)
             syncs += self.sync_weights(wake=False)
-        metrics |= filter_metrics | step_metrics(batch) | value_metrics(batch) | {"rollout/weight_syncs": float(syncs)}
+        metrics |= step_metrics(batch) | value_metrics(batch) | {"rollout/weight_syncs": float(syncs)}
         return metrics | timing_metrics(batch, self.timing, self.workers.world_size)
 
     def begin_step(self) -> int:
@@ -219,48 +219,23 @@ class RLTrainer:
         with self.timer("update_weights"):
             return self.workers.sync_weights(wake)[0]
 
+    def collect(self, prompts: Batch) -> tuple[Batch, dict[str, float]]:
+        """The step's samples and the metrics of collecting them, as the algorithm collects them (by default one
+        round of :meth:`sample` and its filter), through this trainer's generation and rewards."""
+        ctx = RolloutContext(sampling=self.sampling, sample=self.sample, generate=self.generate, score=self.score,
+                             next_prompts=self.loader.next_batch, timer=self.timer)
+        return self.algorithm.collect(ctx, prompts)
+
     def sample(self, prompts: Batch) -> tuple[Batch, dict[str, float]]:
-        """n responses to each prompt, scored (and the greedy baseline's scores when the algorithm needs them)."""
+        """``rollout.n`` responses to each prompt, scored; the reward metrics."""
         with self.timer("gen"):
-            batch = prompts.repeat(self.sampling.n).union(self.workers.generate(prompts, self.sampling))
+            batch = self.generate(prompts, self.sampling)
         with self.timer("reward"):
-            batch, metrics = self.score(batch)
-        if self.algorithm.greedy_baseline:
-            with self.timer("baseline"):
-                batch.tensors["baseline_scores"] = self.greedy_scores(prompts).repeat_interleave(self.sampling.n)
-        return batch, metrics
+            return self.score(batch)
 
-    def collect(self, prompts: Batch) -> tuple[Batch, dict[str, float], dict[str, float]]:
-        """Sample and filter. With dynamic sampling, more rounds of fresh prompts until ``prompts_per_step``
-        groups survive the filter (the reward metrics are those of the first round). Returns the batch, the
-        reward metrics and the filter's."""
-        batch, metrics = self.sample(prompts)
-        batch, filter_metrics = self.algorithm.filter(batch)
-        if not self.algorithm.dynamic_sampling:
-            return batch, metrics, filter_metrics
-        want, limit = self.cfg.trainer.prompts_per_step, self.cfg.algorithm.max_gen_rounds
-        kept, rounds = [batch], 1
-        while (groups := len({uid for part in kept for uid in part["uid"]})) < want:
-            if rounds >= limit:
-                raise RuntimeError(
-                    f"dynamic sampling: after {rounds} generation rounds only {groups} of {want} prompts had "
-                    f"responses whose rewards differ (algorithm.max_gen_rounds={limit}); raise "
-                    "algorithm.max_gen_rounds, rollout.n or rollout.temperature, or train with grpo")
-            more = self.loader.next_batch()
-            more.objects["uid"] = [f"{uid}#{rounds}" for uid in more["uid"]]  # a prompt drawn twice is two groups
-            more, _ = self.sample(more)
-            more, _ = self.algorithm.filter(more)
-            kept.append(more)
-            rounds += 1
-        batch = first_groups(Batch.concat(kept), want)
-        return batch, metrics, filter_metrics | {"filter/gen_rounds": float(rounds)}
-
-    def greedy_scores(self, prompts: Batch) -> torch.Tensor:
-        """(P,) the reward of one greedy response to each prompt (ReMax's baseline)."""
-        params = SamplingParams(n=1, greedy=True, max_new_tokens=self.sampling.max_new_tokens)
-        greedy = prompts.repeat(1).union(self.workers.generate(prompts, params))
-        scores, _ = self.reward.score(greedy)
-        return torch.as_tensor(scores, dtype=torch.float32)
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """``params.n`` responses to each prompt: one row per sample, with its prompt's fields."""
+        return prompts.repeat(params.n).union(self.workers.generate(prompts, params))
 
     def penalise_kl(self, batch: Batch) -> dict[str, float]:
         """Subtract the controller's coefficient x the per-token KL to the reference from the token rewards."""
@@ -282,7 +257,8 @@ class RLTrainer:
         return batch, metrics
 
     def update(self, batch: Batch) -> dict[str, float]:
-        """The critic's and the actor's updates, unless a reward or advantage is not finite."""
+        """The critic's update and, when the algorithm trains the actor this step, the actor's, unless a reward
+        or advantage is not finite. ``trainer/actor_waits`` marks a step whose actor the algorithm held back."""
         bad = non_finite(batch, ("token_level_rewards", "advantages", "returns"))
         if bad:
             log.warning("non-finite %s in this step's batch: the critic and actor updates are skipped", bad)
@@ -291,8 +267,8 @@ class RLTrainer:
         if self.critic is not None:
             with self.timer("update_critic"):
                 metrics |= self.critic.update_critic(batch)[0]
-        if self.step_no < self.cfg.algorithm.critic_warmup_steps:  # value pre-training: the actor waits
-            return metrics | {"trainer/skipped_step": 0.0, "trainer/critic_warmup": 1.0}
+        if not self.algorithm.trains_actor(self.step_no):
+            return metrics | {"trainer/skipped_step": 0.0, "trainer/actor_waits": 1.0}
         with self.timer("update_actor"):
             metrics |= self.workers.update_actor(batch)[0]
         skipped = metrics.get("actor/skipped_updates", 0.0) + metrics.get("critic/skipped_updates", 0.0)
@@ -439,13 +415,10 @@ def check_same_tokenizer(policy: str, reward_model: str) -> None:
                          "reward model from the policy's checkpoint (make rm, rm.init)")
 
 
-def first_groups(batch: Batch, count: int) -> Batch:
-    """The samples of the first ``count`` groups (by ``uid``, in order of appearance)."""
-    chosen: set[str] = set()
-    rows = []
-    for row, uid in enumerate(batch["uid"]):
-        if uid not in chosen and len(chosen) < count:
-            chosen.add(uid)
-        if uid in chosen:
-            rows.append(row)
-    return batch.select(rows)
+def old_log_prob_source(cfg: Config) -> Literal["update", "recompute", "rollout"]:
+    """Where a step's old log-probs come from (``actor.old_log_probs``), decided once for the run. ``auto``:
+    ``update`` (none are sent: the update's own forward gives them) when the update is on-policy and nothing
+    needs them before it (a KL penalty in the reward does), else ``recompute``."""
+    if cfg.actor.old_log_probs == "auto":
+        return "update" if on_policy(cfg.actor) and not cfg.algorithm.use_kl_in_reward else "recompute"
+    return cfg.actor.old_log_probs

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-from mmrl.algos.losses import PolicyLoss, aggregate, kl_penalty, positive_lm_loss
-from mmrl.config import ActorConfig
+from mmrl.algos.actor_loss import ActorLoss
+from mmrl.algos.losses import EXTRA_LOSSES, LOSS_FIELDS, POLICY_LOSSES, aggregate, kl_penalty
+from mmrl.config import ActorConfig, UpdateConfig
 from mmrl.models.logprobs import response_logprobs
 from mmrl.parallel.grads import AllReduce
 from mmrl.parallel.sharding import Layout
@@ -65,47 +65,50 @@ def batched_logprobs(
     return torch.cat(logps), torch.cat(entropies)
 
 
-def old_log_prob_source(cfg: ActorConfig, needed_before_update: bool = False) -> Literal["update", "recompute", "rollout"]:
-    """Where a step's old log-probs come from (``actor.old_log_probs``): ``update`` when the step is on-policy
-    (one epoch, one mini-batch: the policy has not moved when each token's ratio is taken) and nothing needs
-    them before the update (a KL penalty in the reward does)."""
-    if cfg.old_log_probs == "auto":
-        on_policy = cfg.ppo_epochs == 1 and cfg.num_mini_batches == 1
-        return "update" if on_policy and not needed_before_update else "recompute"
-    return cfg.old_log_probs
+def on_policy(cfg: UpdateConfig) -> bool:
+    """Whether an update's own forward gives the old log-probs: one epoch of one mini-batch, so the policy has
+    not moved when each token's ratio is taken."""
+    return cfg.ppo_epochs == 1 and cfg.num_mini_batches == 1
 
 
 class PolicyUpdater(DataParallelUpdater):
-    """A policy loss from the loss table (+ optional entropy bonus and KL-to-reference loss) over one
-    step's batch."""
+    """The loss terms of an :class:`~mmrl.algos.actor_loss.ActorLoss` (a policy loss and extra losses from the
+    tables), plus an optional entropy bonus and KL-to-reference loss, over one step's batch."""
 
     prefix = "actor"
-    normalised = ("pg_loss", "positive_lm_loss")
 
     def __init__(
         self,
         layout: Layout,
         cfg: ActorConfig,
-        loss_fn: PolicyLoss,
+        loss: ActorLoss,
         spec: LogProbSpec,
         device: torch.device,
         all_reduce: AllReduce,
     ) -> None:
         super().__init__(layout, cfg, device, all_reduce)
-        self.loss_fn, self.spec = loss_fn, spec
+        self.loss, self.spec = loss, spec
+        self.policy_loss = POLICY_LOSSES[loss.policy]
+        self.extra_losses = [(name, EXTRA_LOSSES[name], coef) for name, coef in loss.extras]
+        # Every term is divided by the global denominator already: its micro-batch values add up to its mean.
+        self.normalised = ("pg_loss", *(f"{name}_loss" for name, _, _ in self.extra_losses))
         self.share_prompt = spec.share_prompt
 
     def update(self, batch: Batch) -> dict[str, float]:
-        """batch: responses, response_mask, old_log_probs, advantages (and ref_log_probs with KL loss), and
-        policy_mask when the responses have holes."""
-        batch.require("prompt", "responses", "response_mask", "advantages")
-        if old_log_prob_source(self.cfg) != "update":
+        """batch: prompt, responses, response_mask, advantages, the fields the loss terms read
+        (:attr:`ActorLoss.fields`), ref_log_probs with the KL loss, and old_log_probs when the driver took them
+        before the update, and policy_mask when the responses have holes. Without old_log_probs the ratio's
+        denominator is this update's own forward, which only an on-policy update (:func:`on_policy`) may do."""
+        batch.require("prompt", "responses", "response_mask", "advantages", *self.loss.fields)
+        if not on_policy(self.cfg):
             batch.require("old_log_probs")
         if self.cfg.use_kl_loss:
             batch.require("ref_log_probs")
-        if self.cfg.positive_lm_coef:
-            batch.require("correct")
         return super().update(batch)
+
+    def loss_inputs(self, name: str, micro: Batch) -> dict[str, torch.Tensor]:
+        """The batch fields the table loss ``name`` reads beyond the common ones, on the device, by keyword."""
+        return {field: micro[field].to(self.device) for field in LOSS_FIELDS.get(name, ())}
 
     def micro_loss(self, micro: Batch, denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
         cfg, dev = self.cfg, self.device
@@ -118,9 +121,9 @@ class PolicyUpdater(DataParallelUpdater):
         )
         # On-policy (old_log_probs=update) the ratio's denominator is this forward's own log-probs, detached.
         old = micro["old_log_probs"].to(dev) if "old_log_probs" in micro.tensors else logp.detach()
-        pg_loss, pg_metrics = self.loss_fn(
+        pg_loss, pg_metrics = self.policy_loss(
             logp, old, micro["advantages"].to(dev), mask,
-            cfg=cfg, denominator=denominator,
+            cfg=cfg, denominator=denominator, **self.loss_inputs(self.loss.policy, micro),
         )
         loss = pg_loss
         tokens = float(mask.sum())
@@ -134,9 +137,10 @@ class PolicyUpdater(DataParallelUpdater):
             kl = kl_penalty(logp, micro["ref_log_probs"].to(dev), cfg.kl_estimator)
             loss = loss + cfg.kl_loss_coef * aggregate(kl, mask, cfg.loss_agg_mode, denominator, horizon)
             sums["kl_loss"] = float((kl.detach() * mask).sum())
-        if cfg.positive_lm_coef:
-            # VAPO: imitate the verified-correct samples, over the same denominator as the policy loss.
-            lm_loss, _ = positive_lm_loss(logp, mask, micro["correct"].to(dev).bool(), denominator)
-            loss = loss + cfg.positive_lm_coef * lm_loss
-            sums["positive_lm_loss"] = float(lm_loss.detach())
+        for name, extra_loss, coef in self.extra_losses:
+            extra, extra_metrics = extra_loss(logp, mask, cfg=cfg, denominator=denominator,
+                                              **self.loss_inputs(name, micro))
+            loss = loss + coef * extra
+            sums |= {key: value * tokens for key, value in extra_metrics.items()}
+            sums[f"{name}_loss"] = float(extra.detach())
         return loss, sums

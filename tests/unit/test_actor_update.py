@@ -7,10 +7,10 @@ import pytest
 import torch
 from PIL import Image
 
+from mmrl.algos.actor_loss import ActorLoss
 from mmrl.algos.losses import ppo_clip_loss
-from mmrl.config import ActorConfig
+from mmrl.config import ActorConfig, Config
 from mmrl.models.encoding import encode_prompt, vision_token_ids
-from mmrl.algos.losses import ppo_clip
 from mmrl.models.loading import load_model, load_processor
 from mmrl.models.forward import PolicyForward, core_model
 from mmrl.models.logprobs import response_logprobs
@@ -18,7 +18,8 @@ from mmrl.parallel.sharding import shard_parts
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
 from mmrl.rollout.hf import HFRolloutEngine
-from mmrl.workers.actor import LogProbSpec, PolicyUpdater, batched_logprobs, old_log_prob_source
+from mmrl.trainer.rl import old_log_prob_source
+from mmrl.workers.actor import LogProbSpec, PolicyUpdater, batched_logprobs
 
 CPU = torch.device("cpu")
 
@@ -27,10 +28,10 @@ def no_reduce(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def updater_for(model, cfg: ActorConfig, spec) -> PolicyUpdater:
+def updater_for(model, cfg: ActorConfig, spec, loss: ActorLoss = ActorLoss("ppo_clip")) -> PolicyUpdater:
     """A one-rank updater over ``model`` laid out as ``cfg.vision`` / ``cfg.llm`` say."""
     layout = shard_parts(PolicyForward(model), cfg.vision, cfg.llm, 1, CPU)
-    return PolicyUpdater(layout, cfg, ppo_clip, spec, CPU, no_reduce)
+    return PolicyUpdater(layout, cfg, loss, spec, CPU, no_reduce)
 
 
 @pytest.fixture(scope="module")
@@ -103,10 +104,14 @@ def test_an_on_policy_update_takes_its_old_log_probs_from_its_own_forward(rollou
     two_mini_batches = ActorConfig(lr=1e-2, num_mini_batches=2)  # off-policy after the first: must be given
     with pytest.raises(KeyError, match="old_log_probs"):
         updater_for(copy.deepcopy(model), two_mini_batches, spec).update(without)
-    assert [old_log_prob_source(ActorConfig(**kw)) for kw in (
+    sources = [old_log_prob_source(Config(actor=ActorConfig(**kw))) for kw in (
         {"num_mini_batches": 1}, {"num_mini_batches": 2}, {"num_mini_batches": 1, "ppo_epochs": 2},
         {"num_mini_batches": 1, "old_log_probs": "recompute"}, {"num_mini_batches": 4, "old_log_probs": "rollout"},
-    )] == ["update", "recompute", "recompute", "recompute", "rollout"]
+    )]
+    assert sources == ["update", "recompute", "recompute", "recompute", "rollout"]
+    kl_in_reward = Config(actor=ActorConfig(num_mini_batches=1))
+    kl_in_reward.algorithm.use_kl_in_reward = True  # the penalty reads them before the update
+    assert old_log_prob_source(kl_in_reward) == "recompute"
 
 
 def test_frozen_vision_is_bit_identical_and_has_no_optimizer_state(rollout_batch):
@@ -202,8 +207,9 @@ def test_the_entropy_bonus_adds_minus_coef_times_the_mean_entropy(rollout_batch)
 
 
 def test_the_positive_example_lm_loss_imitates_only_the_correct_samples(rollout_batch):
-    """VAPO's actor.positive_lm_coef: with zero advantages the whole gradient is the NLL of the correct rows'
-    tokens over the mini-batch's token count; rows marked wrong contribute nothing."""
+    """VAPO's extra loss positive_lm (coefficient actor.positive_lm_coef): with zero advantages the whole
+    gradient is the NLL of the correct rows' tokens over the mini-batch's token count; rows marked wrong
+    contribute nothing."""
     model, batch, spec = rollout_batch
     lm = Batch(tensors=dict(batch.tensors), objects=dict(batch.objects))
     lm.tensors["advantages"] = torch.zeros_like(batch["advantages"])
@@ -215,8 +221,15 @@ def test_the_positive_example_lm_loss_imitates_only_the_correct_samples(rollout_
     mask = batch["response_mask"]
     (0.7 * -(logp * mask * correct[:, None]).sum() / mask.sum()).backward()
     trained = copy.deepcopy(model)
-    cfg = ActorConfig(lr=1e-2, warmup_steps=0, num_mini_batches=1, positive_lm_coef=0.7, grad_clip=1e9)
-    metrics = updater_for(trained, cfg, spec).update(lm)
+    cfg = ActorConfig(lr=1e-2, warmup_steps=0, num_mini_batches=1, grad_clip=1e9)
+    updater = updater_for(trained, cfg, spec, ActorLoss("ppo_clip", (("positive_lm", 0.7),)))
+    metrics = updater.update(lm)
     for (name, p), q in zip(trained.named_parameters(), reference.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-7, rtol=1e-4), name
-    assert metrics["actor/positive_lm_loss"] > 0
+    selected = mask * correct[:, None]
+    nll = float(-(logp.detach() * selected).sum() / mask.sum())
+    assert metrics["actor/positive_lm_loss"] == pytest.approx(nll, rel=1e-5)
+    assert metrics["actor/positive_token_frac"] == pytest.approx(float(selected.sum() / mask.sum()), rel=1e-6)
+    without = Batch(tensors={k: v for k, v in lm.tensors.items() if k != "correct"}, objects=dict(lm.objects))
+    with pytest.raises(KeyError, match="correct"):
+        updater.update(without)

@@ -9,7 +9,7 @@ import torch
 from mmrl.algos import build_algorithm
 from mmrl.config import load_config
 from mmrl.protocol import Batch
-from mmrl.trainer.rl import first_groups
+from mmrl.algos.dapo import first_groups
 
 LENGTHS = [3, 1, 2, 3, 2, 1]
 UIDS = ["a", "a", "a", "b", "b", "c"]
@@ -42,12 +42,25 @@ def test_pf_ppo_keeps_the_chosen_responses_of_each_group(mode, k, rows):
     assert kept["row"].tolist() == rows
 
 
-def test_sppo_advantage_is_the_win_rate_minus_a_half_on_every_token():
-    adv = algorithm("sppo").compute_advantages(batch())["advantages"]
+def test_sppo_gives_the_win_rates_and_as_advantage_the_win_rate_minus_a_half_on_every_token():
+    out = algorithm("sppo").compute_advantages(batch())
     # a: 1 beats 0 and ties 1 -> .75; 0 loses both -> 0; b ties -> .5; c alone -> .5
     expected = [0.75, 0.0, 0.75, 0.5, 0.5, 0.5]
+    assert out["win_rates"].tolist() == expected
     for i, (n, p) in enumerate(zip(LENGTHS, expected)):
-        assert adv[i].tolist() == pytest.approx([p - 0.5] * n + [0.0] * (3 - n))
+        assert out["advantages"][i].tolist() == pytest.approx([p - 0.5] * n + [0.0] * (3 - n))
+
+
+def test_rloo_gives_zero_to_a_group_of_one_and_to_a_group_whose_rewards_agree():
+    """By hand: group a (1, 0, 1): each minus the mean of the other two, 1 - 1/2, 0 - 1, 1 - 1/2; group b
+    (0.5, 0.5) agrees: 0; group c is one response: no other to compare with, 0. On every valid token."""
+    adv = algorithm("rloo").compute_advantages(batch())["advantages"]
+    expected = [0.5, -1.0, 0.5, 0.0, 0.0, 0.0]
+    for i, (n, a) in enumerate(zip(LENGTHS, expected)):
+        assert adv[i].tolist() == pytest.approx([a] * n + [0.0] * (3 - n), abs=1e-7)
+    alone = Batch(tensors={"token_level_rewards": torch.tensor([[0.0, 3.0]]), "response_mask": torch.ones(1, 2)},
+                  objects={"uid": ["only"]})
+    assert algorithm("rloo").compute_advantages(alone)["advantages"].tolist() == [[0.0, 0.0]]
 
 
 def test_remax_subtracts_the_greedy_baseline_and_dr_grpo_only_centres():

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from mmrl.algos.losses import (
+    EXTRA_LOSSES,
     POLICY_LOSSES,
     aggregate,
     gspo_loss,
@@ -462,13 +463,29 @@ def test_dual_clip_and_gspo_table_entries_read_the_actor_config():
     assert loss.item() == direct[0].item() and metrics == direct[1]
 
 
-def test_the_sppo_table_entry_reads_win_rates_from_the_advantages():
-    """SPPO's algorithm hands each row's win rate minus 1/2 as its advantage on every valid token; the table
-    entry recovers the win rates and calls sppo_loss with actor.sppo_eta."""
+def test_the_sppo_table_entry_reads_the_win_rates_field():
+    """The sppo entry calls sppo_loss with the batch's win_rates (B,) and actor.sppo_eta, and never reads the
+    advantages; a row without a valid token (a dispatcher's padding copy) adds nothing, whatever its rate."""
     b = make_batch(seed=12, spread=1.0)
-    rates = torch.tensor([0.0, 0.25, 1.0, 0.5], dtype=b["logp"].dtype)[: b["mask"].shape[0]]
-    advantages = (rates - 0.5).unsqueeze(-1) * b["mask"]
+    rates = torch.tensor([0.0, 0.25, 1.0, 0.5], dtype=b["logp"].dtype)
     cfg = ActorConfig(sppo_eta=2.5, loss_agg_mode="seq-mean-token-mean")
-    loss, metrics = POLICY_LOSSES["sppo"](b["logp"], b["old"], advantages, b["mask"], cfg=cfg, denominator=5.0)
+    garbage = torch.full_like(b["adv"], float("nan"))
+    loss, metrics = POLICY_LOSSES["sppo"](b["logp"], b["old"], garbage, b["mask"], cfg=cfg, denominator=5.0,
+                                          win_rates=rates)
     direct = sppo_loss(b["logp"], b["old"], rates, b["mask"], eta=2.5, denominator=5.0)
-    assert loss.item() == pytest.approx(direct[0].item(), rel=1e-12) and metrics == pytest.approx(direct[1])
+    assert loss.item() == direct[0].item() and metrics == direct[1]
+
+    padded = {k: torch.cat([v, v[:1]]) for k, v in b.items()}
+    padded["mask"][-1] = 0.0
+    loss_padded, _ = POLICY_LOSSES["sppo"](padded["logp"], padded["old"], padded["adv"], padded["mask"], cfg=cfg,
+                                           denominator=5.0, win_rates=torch.cat([rates, rates[:1]]))
+    assert loss_padded.item() == pytest.approx(loss.item(), rel=1e-12)
+
+
+def test_the_positive_lm_extra_loss_reads_the_correct_field():
+    b = make_batch(seed=13)
+    correct = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    loss, metrics = EXTRA_LOSSES["positive_lm"](b["logp"], b["mask"], cfg=ActorConfig(), denominator=7.0,
+                                                correct=correct)
+    direct = positive_lm_loss(b["logp"], b["mask"], correct.bool(), 7.0)
+    assert loss.item() == direct[0].item() and metrics == direct[1]

@@ -83,10 +83,10 @@ def test_algorithm_declarations_and_tables():
     assert sorted(ALGORITHMS) == sorted(names)
     critics = {n for n in names if ALGORITHMS[n].needs_critic}
     assert critics == {"ppo", "vapo", "pf_ppo"}
-    assert {n for n in names if ALGORITHMS[n].dynamic_sampling} == {"dapo", "vapo"}
-    assert {n for n in names if ALGORITHMS[n].greedy_baseline} == {"remax"}
-    assert [ALGORITHMS[n].min_group_size for n in ("grpo", "rloo", "ppo", "sppo")] == [2, 2, 1, 2]
-    assert ALGORITHMS["ppo"].reward_level == "token" and ALGORITHMS["grpo"].reward_level == "outcome"
+    sizes = {n: ALGORITHMS[n].min_group_size for n in ("grpo", "rloo", "ppo", "sppo", "dr_grpo", "vapo")}
+    assert sizes == {"grpo": 2, "rloo": 2, "ppo": 1, "sppo": 2, "dr_grpo": 2, "vapo": 2}
+    assert {n: ALGORITHMS[n].loss_fields for n in names if ALGORITHMS[n].loss_fields} == {
+        "sppo": ("win_rates",), "vapo": ("correct",)}
     assert {n: ALGORITHMS[n].policy_loss for n in ("gspo", "sppo", "grpo")} == {
         "gspo": "gspo", "sppo": "sppo", "grpo": "ppo_clip"}
     assert all(ALGORITHMS[n].policy_loss in POLICY_LOSSES for n in ALGORITHMS)

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from mmrl import trajectory
-from mmrl.algos.losses import ppo_clip
+from mmrl.algos.actor_loss import ActorLoss
 from mmrl.config import ActorConfig, CriticConfig
 from mmrl.models.encoding import encode_prompt
 from mmrl.models.forward import PolicyForward, ValueModel
@@ -119,7 +119,7 @@ def reference_gradients(model, batch, spec, cfg: ActorConfig) -> dict[str, torch
 def update_gradients(model, batch, spec, cfg: ActorConfig) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     trained = copy.deepcopy(model)
     layout = shard_parts(PolicyForward(trained), cfg.vision, cfg.llm, 1, CPU)
-    metrics = PolicyUpdater(layout, cfg, ppo_clip, spec, CPU, no_reduce).update(batch)
+    metrics = PolicyUpdater(layout, cfg, ActorLoss("ppo_clip"), spec, CPU, no_reduce).update(batch)
     return {n: p.grad for n, p in trained.named_parameters() if p.grad is not None}, metrics
 
 
