@@ -296,7 +296,7 @@ def ppo_clip(
     """:func:`ppo_clip_loss` with ``actor.clip_ratio_low/high`` and ``actor.loss_agg_mode``; (B, R) inputs."""
     return ppo_clip_loss(
         logp, old_logp, advantages, mask, clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high,
-        agg_mode=cfg.loss_agg_mode, denominator=denominator, horizon=cfg.loss_horizon or None,
+        agg_mode=cfg.loss_agg_mode, denominator=denominator, horizon=cfg.loss_horizon,
     )
 
 
@@ -313,7 +313,7 @@ def dual_clip(
     return ppo_clip_loss(
         logp, old_logp, advantages, mask, clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high,
         agg_mode=cfg.loss_agg_mode, denominator=denominator, clip_ratio_c=cfg.clip_ratio_c,
-        horizon=cfg.loss_horizon or None,
+        horizon=cfg.loss_horizon,
     )
 
 
@@ -332,7 +332,7 @@ def gspo(
     """
     return gspo_loss(
         logp, old_logp, advantages, mask, clip_low=cfg.clip_ratio_low, clip_high=cfg.clip_ratio_high,
-        agg_mode=cfg.loss_agg_mode, denominator=denominator, horizon=cfg.loss_horizon or None,
+        agg_mode=cfg.loss_agg_mode, denominator=denominator, horizon=cfg.loss_horizon,
     )
 
 

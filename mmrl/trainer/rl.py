@@ -29,6 +29,7 @@ from mmrl.controller.session import ensure_ray, worker_shape
 from mmrl.controller.worker import resolve_device
 from mmrl.models.loading import check_checkpoint, load_processor
 from mmrl.protocol import Batch
+from mmrl.run_config import prepare_run_config
 from mmrl.rollout.base import SamplingParams
 from mmrl.tracking import Tracker, console_line
 from mmrl.trainer.checkpoint import CheckpointManager, DriverState, load_driver_state, resume_point
@@ -59,7 +60,7 @@ CURVES = {
 
 class RLTrainer:
     def __init__(self, cfg: Config, checkpoint: str | None = None) -> None:
-        self.cfg = cfg
+        self.cfg = cfg = prepare_run_config(cfg)  # checked, derived values resolved (a copy; no-op if done)
         self.checkpoint = checkpoint or cfg.trainer.init
         check_checkpoint(self.checkpoint, "trainer.init")  # before any worker starts
         self.algorithm = build_algorithm(cfg)
@@ -362,7 +363,7 @@ class RLTrainer:
     def validate(self, tracker: Tracker, step: int) -> dict[str, float]:
         with self.timer("val"):
             result: EvalResult = evaluate(self.workers.generate, self.val_rows, self.verifier,
-                                          self.cfg.eval.batch_size, self.cfg.rollout.max_new_tokens)
+                                          self.cfg.eval.batch_size, self.cfg.eval.max_new_tokens)
         tracker.log_dict(samples_table(result.samples), f"rollouts/step_{step:05d}.json")
         tracker.log_text(samples_html(result.samples, f"val rollouts at step {step}"), f"rollouts/step_{step:05d}.html")
         return result.metrics("val") | {"timing_s/val": self.timing["val"]}
