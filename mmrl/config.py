@@ -417,7 +417,7 @@ class RMConfig(OptimConfig):
     """Where the checkpoint (``<out_dir>/checkpoint``) and the pairs are written."""
     train_pairs: str = ""
     """A JSON-lines file of training pairs (``prompt_id`` of a row of the train split, ``chosen``,
-    ``rejected``); empty: synthetic pairs made from the train split's labels."""
+    ``rejected``); empty: the ``make rm`` stage writes synthetic pairs made from the train split's labels."""
     val_pairs: str = ""
     """The same for the held-out pairs, on the val split."""
     pairs_per_prompt: int = num(4, ge=1)

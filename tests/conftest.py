@@ -10,7 +10,7 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from data_prep.schema import write_parquet  # noqa: E402
+from data_prep.parquet import write_parquet  # noqa: E402
 from data_prep.synthetic import build_splits  # noqa: E402
 from mmrl.config import Config, TinyModelConfig, load_config  # noqa: E402
 from mmrl.models.tiny import build_tiny_vlm  # noqa: E402

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from data_prep.schema import decode_image, decode_video
 from mmrl.models.encoding import EncodedPrompt, encode_prompt
 from mmrl.protocol import Batch
 from mmrl.rollout.base import RolloutEngine, SamplingParams
+from mmrl.schema import decode_image, decode_video
 
 
 def encode_rows(processor: Any, prompts: Batch) -> list[EncodedPrompt]:
