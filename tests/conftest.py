@@ -46,7 +46,8 @@ def tiny_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def tiny_config(tiny_model_dir: Path, tiny_data_dir: Path, tmp_path: Path) -> Config:
-    """A config pointing at the tiny model and data, with a private MLflow store."""
+    """A config pointing at the tiny model and data, with a private MLflow store. Loaded, not resolved: a test
+    may change it before the run, whose RLTrainer checks and resolves it (mmrl.run_config.prepare_run_config)."""
     return load_config(
         None,
         [
