@@ -1,4 +1,4 @@
-"""The config checks that read the algorithm and loss tables; :func:`mmrl.run_config.check_run_config` runs them.
+"""The config checks that read the algorithm and loss tables (run by :func:`mmrl.run_config.check_run_config`).
 
 Each rule names the keys involved and the fix. ``given`` is the set of dotted keys the user set
 (:attr:`mmrl.config.Config.given_keys`), for rules that must tell a key the user set from a default.

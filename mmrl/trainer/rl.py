@@ -29,8 +29,8 @@ from mmrl.controller.session import ensure_ray, worker_shape
 from mmrl.controller.worker import resolve_device
 from mmrl.models.loading import check_checkpoint, load_processor
 from mmrl.protocol import Batch
-from mmrl.run_config import prepare_run_config
 from mmrl.rollout.base import SamplingParams
+from mmrl.run_config import prepare_run_config
 from mmrl.tracking import Tracker, console_line
 from mmrl.trainer.checkpoint import CheckpointManager, DriverState, load_driver_state, resume_point
 from mmrl.trainer.dataset import PromptLoader, load_rows
@@ -60,7 +60,7 @@ CURVES = {
 
 class RLTrainer:
     def __init__(self, cfg: Config, checkpoint: str | None = None) -> None:
-        self.cfg = cfg = prepare_run_config(cfg)  # checked, derived values resolved (a copy; no-op if done)
+        self.cfg = cfg = prepare_run_config(cfg)  # checked; a resolved copy (equal to cfg if cfg was resolved)
         self.checkpoint = checkpoint or cfg.trainer.init
         check_checkpoint(self.checkpoint, "trainer.init")  # before any worker starts
         self.algorithm = build_algorithm(cfg)
