@@ -54,7 +54,7 @@ from data_prep.records import (  # noqa: F401  (ImageLimits and load_source_imag
     TokenCounter,
     load_source_image,
 )
-from data_prep.schema import write_parquet
+from data_prep.parquet import write_parquet
 from data_prep.video import VideoLimits
 
 

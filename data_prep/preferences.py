@@ -1,8 +1,8 @@
-"""Preference pairs for reward-model training: (prompt, chosen response, rejected response).
+"""Synthetic preference pairs for reward-model training: (prompt, chosen response, rejected response).
 
-A pairs file is JSON lines, one pair per line: ``{"prompt_id": <id of a row of the split>, "chosen": str,
-"rejected": str}``; ``kind`` is optional. :func:`synthetic_pairs` makes them from labelled prompt rows (the
-demo tasks): the chosen response is the right answer in the trained format; the rejected one is
+The pairs file's format and reading are the library's (:mod:`mmrl.preference_pairs`); :func:`write_pairs`
+writes one. :func:`synthetic_pairs` makes pairs from labelled prompt rows (the demo tasks): the chosen
+response is the right answer in the trained format; the rejected one is
 
 * ``wrong_answer`` (half the pairs): another answer of the same data source, in the trained format;
 * ``mangled`` (3 in 10): an answer a policy drifts to under a reward model, in the trained format: the right
@@ -21,30 +21,23 @@ import json
 import random
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rewards.verifiers import format_answer
+from mmrl.answer_format import ANSWER_TAG, format_answer
+from mmrl.preference_pairs import PreferencePair
 
 KIND_SHARES = {"wrong_answer": 0.45, "mangled": 0.25, "bad_format": 0.3}
 TAG_EDITS = "</>"
 JUNK = "\x10#*~_<>/"
 
 
-@dataclass(frozen=True)
-class PreferencePair:
-    prompt_id: str
-    chosen: str
-    rejected: str
-    kind: str = ""
-    """How the pair was made (``wrong_answer``, ``bad_format``), for per-kind accuracy; empty when unknown."""
-
-
 def broken_formats(answer: str) -> list[str]:
     """The right answer written in ways the trained format does not allow."""
     tag = format_answer(answer)
-    return [answer, tag[: -len("</answer>")], f"{tag}{tag}", tag.replace("answer", "ans"), format_answer("")]
+    return [answer, tag[: -len(f"</{ANSWER_TAG}>")], f"{tag}{tag}", tag.replace(ANSWER_TAG, ANSWER_TAG[:3]),
+            format_answer("")]
 
 
 def corrupt_tag(answer: str, rng: random.Random) -> str:
@@ -102,31 +95,3 @@ def write_pairs(path: Path, pairs: Sequence[PreferencePair]) -> Path:
     tmp.write_text("".join(json.dumps(asdict(p)) + "\n" for p in pairs))
     tmp.replace(path)
     return path
-
-
-def read_pairs(path: Path, known_ids: set[str]) -> list[PreferencePair]:
-    """The pairs of a JSON-lines file; a bad line raises ValueError naming it and what to fix."""
-    pairs = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{where} is not JSON ({err}); write one object per line") from err
-        if not isinstance(item, dict):
-            raise ValueError(f"{where}: expected an object with prompt_id, chosen, rejected")
-        missing = [k for k in ("prompt_id", "chosen", "rejected") if not isinstance(item.get(k), str)]
-        if missing:
-            raise ValueError(f"{where}: {', '.join(missing)} missing or not a string; each pair needs "
-                             "prompt_id, chosen and rejected as strings")
-        if item["prompt_id"] not in known_ids:
-            raise ValueError(f"{where}: prompt_id {item['prompt_id']!r} is not a row id of the split; "
-                             "pairs refer to prompts by the id column of the data-prep parquet")
-        if item["chosen"] == item["rejected"]:
-            raise ValueError(f"{where}: chosen and rejected are the same text; a pair must differ")
-        pairs.append(PreferencePair(item["prompt_id"], item["chosen"], item["rejected"], str(item.get("kind", ""))))
-    if not pairs:
-        raise ValueError(f"{path} holds no pairs")
-    return pairs

@@ -18,8 +18,8 @@ from PIL import Image, ImageOps
 
 from data_prep.pixels import encode_png, resize_to_budget, to_rgb, validate_budget
 from data_prep.rejects import RowRejected
-from data_prep.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Video, decode_video, make_row, validate_row
 from data_prep.video import VideoLimits, VideoReader
+from mmrl.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Video, decode_video, make_row, validate_row
 
 DEFAULT_MAX_FILE_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_VIDEO_BYTES = 500 * 1024 * 1024

@@ -30,8 +30,8 @@ from PIL import Image, ImageDraw
 
 from data_prep.palette import BACKGROUND_RANGE, COLOURS
 from data_prep.pixels import encode_png
-from data_prep.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, make_row
 from data_prep.synthetic_video import VIDEO_ANSWERS, VIDEO_QUESTIONS, VIDEO_TASKS, ClipSpec, generate_video_rows
+from mmrl.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, make_row
 
 SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
 QUESTIONS: dict[str, str] = {

@@ -25,8 +25,8 @@ from PIL import Image, ImageDraw
 from data_prep.palette import BACKGROUND_RANGE, COLOURS
 from data_prep.records import ImageLimits, RowConverter
 from data_prep.rejects import RowRejected
-from data_prep.schema import VIDEO_PLACEHOLDER
 from data_prep.video import VideoLimits
+from mmrl.schema import VIDEO_PLACEHOLDER
 
 DIRECTIONS: dict[str, tuple[int, int]] = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
 VIDEO_QUESTIONS: dict[str, str] = {

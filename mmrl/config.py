@@ -5,16 +5,24 @@ it extends), then ``section.key=value`` overrides from the command line. Every k
 anything starts: an unknown key or a value of the wrong type fails with a :class:`ConfigError` that
 names the key and what is allowed.
 
-    cfg = load_config("configs/grpo_image.yaml", ["rollout.n=8", "actor.lr=1e-4"])
+This module is the bottom of the library: it imports nothing from it. It holds the dataclasses, the loader,
+the bounds and the checks that need no table (:meth:`Config.validate`, which never writes), and
+:func:`resolve`, which fills the derived values into a new Config. The checks against the tables of
+algorithms, losses and engines run one layer up, in :mod:`mmrl.run_config`, whose ``load_run_config`` is
+what a run loads its config with::
+
+    cfg = load_run_config("configs/grpo_image.yaml", ["rollout.n=8", "actor.lr=1e-4"])
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
 import types
 import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -228,7 +236,8 @@ class UpdateConfig:
     """After the warm-up: constant, or a cosine decay to ``min_lr_ratio * lr`` at the run's last update."""
     min_lr_ratio: float = num(0.0, ge=0, le=1)
     decay_steps: int = num(0, ge=0)
-    """Optimizer steps the cosine spans; 0: the whole run (trainer.steps x num_mini_batches x ppo_epochs)."""
+    """Optimizer steps the cosine spans; 0: the whole run (trainer.steps x num_mini_batches x ppo_epochs),
+    filled in by :func:`resolve`."""
     grad_clip: float = num(1.0, gt=0)
     """Gradient-norm clip (a very large value turns clipping off)."""
     ppo_epochs: int = num(1, ge=1)
@@ -247,7 +256,7 @@ class UpdateConfig:
     """How per-token losses become one: verl's names; seq-mean-token-sum-norm is Dr. GRPO's (token sums over
     sequences, divided by the number of sequences x a constant, ``loss_horizon``)."""
     loss_horizon: int = num(0, ge=0)
-    """The constant of seq-mean-token-sum-norm; 0: rollout.max_new_tokens."""
+    """The constant of seq-mean-token-sum-norm; 0: rollout.max_new_tokens, filled in by :func:`resolve`."""
     vision: VisionPartConfig = field(default_factory=VisionPartConfig)
     """Layout of the vision encoder (for the actor: of the reference too, which follows the actor)."""
     llm: PartConfig = field(default_factory=PartConfig)
@@ -408,7 +417,7 @@ class RMConfig(OptimConfig):
     """Where the checkpoint (``<out_dir>/checkpoint``) and the pairs are written."""
     train_pairs: str = ""
     """A JSON-lines file of training pairs (``prompt_id`` of a row of the train split, ``chosen``,
-    ``rejected``); empty: synthetic pairs made from the train split's labels."""
+    ``rejected``); empty: the ``make rm`` stage writes synthetic pairs made from the train split's labels."""
     val_pairs: str = ""
     """The same for the held-out pairs, on the val split."""
     pairs_per_prompt: int = num(4, ge=1)
@@ -460,6 +469,8 @@ class EvalConfig:
     split: str = "test"
     batch_size: int = num(64, ge=1)
     max_new_tokens: int = num(16, ge=1)
+    """Response length limit of every evaluation: the RL run's validation, SFT's and ``make eval``
+    (``rollout.max_new_tokens`` limits the training rollouts only)."""
     run_name: str = ""
 
 
@@ -504,25 +515,20 @@ class Config:
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
-    def validate(self) -> None:
-        """Cross-field checks, each naming the keys involved (single values are checked by their bounds)."""
-        # Imported here: the tables' modules import this one for their config types.
-        from mmrl.algos import ALGORITHMS, POLICY_LOSSES
-        from mmrl.rollout import ENGINES
+    given_keys: frozenset[str] = field(default=frozenset(), repr=False, compare=False, metadata={"key": False})
+    """Not a config key: the dotted keys the YAML chain and the overrides set (``"algorithm.filter_k"``;
+    a mapping-valued key such as ``data.tasks`` as a whole), recorded by :func:`load_config`, so that a check
+    can tell a key the user set from a default. Empty for a config built in code."""
 
-        _known("algorithm.name", self.algorithm.name, ALGORITHMS)
-        algorithm = ALGORITHMS[self.algorithm.name]
-        _known("actor.policy_loss", self.actor.policy_loss or algorithm.policy_loss, POLICY_LOSSES)
-        _known("rollout.engine", self.reward.judge.engine or self.rollout.engine, ENGINES)
+    def validate(self) -> None:
+        """The checks that need no table of the library, each naming the keys involved (single values are
+        checked by their bounds). It reads and never writes. The checks against the tables of algorithms,
+        losses and engines run from the layer above (:mod:`mmrl.run_config`)."""
         if self.reward.function == "none" and not self.reward.weights and not (
             self.reward.model.path or self.reward.judge.path
         ):
             raise ConfigError("reward.function=none leaves nothing to score the samples: set reward.function, "
                               "reward.weights, reward.model.path or reward.judge.path")
-        _known("rollout.engine", self.rollout.engine, ENGINES)
-        if self.rollout.n < algorithm.min_group_size:
-            raise ConfigError(f"rollout.n={self.rollout.n}: {self.algorithm.name} compares the responses of one "
-                              f"prompt, so it needs rollout.n >= {algorithm.min_group_size}")
         for name in ("actor.vision", "actor.llm", "critic.vision", "critic.llm", "reward.model.vision",
                      "reward.model.llm"):
             _check_part(self, name)
@@ -535,17 +541,6 @@ class Config:
                     f"{mini} mini-batches on each of resources.num_workers={self.resources.num_workers} workers; "
                     f"lower {section}.num_mini_batches"
                 )
-        for section in (self.actor, self.critic):
-            if section.loss_horizon == 0:  # seq-mean-token-sum-norm's constant: the longest response
-                section.loss_horizon = self.rollout.max_new_tokens
-            if section.decay_steps == 0:
-                section.decay_steps = self.trainer.steps * section.num_mini_batches * section.ppo_epochs
-        if (self.actor.policy_loss or algorithm.policy_loss) == "sppo" and self.actor.loss_agg_mode == "token-mean":
-            raise ConfigError("the sppo policy loss is one square per sequence: set actor.loss_agg_mode to a "
-                              "sequence mode (seq-mean-token-mean), not token-mean")
-        if self.algorithm.critic_warmup_steps and not algorithm.needs_critic:
-            raise ConfigError(f"algorithm.critic_warmup_steps={self.algorithm.critic_warmup_steps}: "
-                              f"{self.algorithm.name} trains no critic; use ppo, pf_ppo or vapo, or set it to 0")
         if self.actor.old_log_probs == "rollout" and (self.rollout.top_p < 1 or self.rollout.top_k > 0):
             raise ConfigError("actor.old_log_probs=rollout needs rollout.top_p=1 and rollout.top_k=0: with a "
                               "truncated distribution the engine's log-probs are not the policy's")
@@ -563,7 +558,8 @@ class Config:
             raise ConfigError(f"reward.weights values must be finite numbers, got {bad_weights}")
 
 
-def _known(key: str, value: str, table: dict[str, Any]) -> None:
+def require_known(key: str, value: str, table: Mapping[str, Any]) -> None:
+    """Raise a ConfigError naming ``key`` and the allowed names when ``value`` is not a name of ``table``."""
     if value not in table:
         raise ConfigError(f"{key}={value!r} is unknown; allowed: {', '.join(sorted(table))}")
 
@@ -581,17 +577,57 @@ def _check_part(cfg: Config, name: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
+# Derived values
+
+
+def resolve(cfg: Config) -> Config:
+    """A new Config with the derived values filled in; ``cfg`` is left as it is.
+
+    A derived key left at 0 takes its value from the others: ``actor.loss_horizon`` and
+    ``critic.loss_horizon`` = ``rollout.max_new_tokens``; ``actor.decay_steps`` and ``critic.decay_steps`` =
+    ``trainer.steps x num_mini_batches x ppo_epochs`` of that section. A value already set is kept, so
+    resolving a resolved config gives the same config. Change a config before resolving it (better: build it
+    with overrides), never after: a resolved config keeps the values derived from the old keys.
+    """
+    out = copy.deepcopy(cfg)
+    for name in ("actor", "critic"):
+        section = getattr(out, name)
+        setattr(out, name, dataclasses.replace(
+            section,
+            loss_horizon=section.loss_horizon or out.rollout.max_new_tokens,
+            decay_steps=section.decay_steps or out.trainer.steps * section.num_mini_batches * section.ppo_epochs,
+        ))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
 # Loading
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Defaults <- YAML file (and its ``base:`` chain) <- ``key.sub=value`` overrides; validated."""
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Defaults <- YAML file (and its ``base:`` chain) <- ``key.sub=value`` overrides; checked by bounds and
+    :meth:`Config.validate`, not resolved (:func:`resolve`) and not checked against the library's tables: a run
+    loads its config with :func:`mmrl.run_config.load_run_config`, which does both. The keys given are
+    recorded in ``given_keys``."""
     raw: dict[str, Any] = _read_yaml_chain(Path(path)) if path else {}
     for item in overrides:
         _apply_override(raw, item)
     cfg = _build(Config, raw, prefix="")
+    cfg.given_keys = frozenset(_given_keys(Config, raw, prefix=""))
     cfg.validate()
     return cfg
+
+
+def _given_keys(cls: type, raw: dict[str, Any], prefix: str) -> list[str]:
+    """The dotted leaf keys of ``raw`` (already checked against ``cls`` by :func:`_build`)."""
+    hints = typing.get_type_hints(cls)
+    keys = []
+    for name, value in raw.items():
+        if dataclasses.is_dataclass(hints[name]) and isinstance(value, dict):
+            keys.extend(_given_keys(hints[name], value, f"{prefix}{name}."))
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
 
 
 def _read_yaml_chain(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
@@ -640,7 +676,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     where = prefix.rstrip(".") or "the top level"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a mapping of keys, got {raw!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.metadata.get("key", True)}
     hints = typing.get_type_hints(cls)
     unknown = [k for k in raw if k not in fields]
     if unknown:
@@ -720,8 +756,10 @@ def _coerce_scalar(tp: Any, value: Any, key: str) -> Any:
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    """The resolved config as plain nested dicts (for YAML dumps and MLflow params)."""
-    return dataclasses.asdict(cfg)
+    """The config's keys as plain nested dicts (for YAML dumps and MLflow params); ``given_keys`` is no key."""
+    tree = dataclasses.asdict(cfg)
+    tree.pop("given_keys", None)
+    return tree
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -69,7 +69,7 @@ class Result:
 
 def ensure_inputs(cfg: Config, rebuild_data: bool = False) -> None:
     """Build the bench model and data the first time (seconds); the data every time with ``rebuild_data``."""
-    from data_prep.schema import write_parquet
+    from data_prep.parquet import write_parquet
     from data_prep.synthetic import build_splits
     from mmrl.models.tiny import build_tiny_vlm
     from pipelines.model import task_corpus

@@ -10,13 +10,12 @@ Each side runs ``1 + STEPS`` steps; the first is a warm-up and the table gives t
 into generation, scoring + log-prob passes, and the update. samples/s = P*n / step seconds. TRL is an
 optional dependency: ``make bench-peer`` installs it (``make install`` never does).
 
-    python -m pipelines.bench_peer --config configs/bench_peer.yaml
-    python -m pipelines.bench_peer --config configs/bench_peer.yaml ARGS  # e.g. sizes=16x8x16
+    python -m pipelines.bench_peer --config configs/demo.yaml
+    MMRL_PEER_SIZES="16x8x16 64x8x32" python -m pipelines.bench_peer --config configs/demo.yaml  # other sizes
 """
 
 from __future__ import annotations
 
-import copy
 import io
 import os
 import statistics
@@ -30,7 +29,7 @@ from mlflow.tracking import MlflowClient
 
 from mmrl.config import Config
 from mmrl.tracking import tracking_uri
-from pipelines.cli import parse
+from pipelines.cli import parse_command
 
 OUT = Path("outputs/bench_peer")
 SIZES = ((16, 8, 16), (64, 8, 32))  # prompts x samples x max new tokens; $MMRL_PEER_SIZES="2x2x4 8x4x8" overrides
@@ -49,27 +48,19 @@ class SideResult:
         return samples / self.step_s
 
 
-def peer_config(cfg: Config, prompts: int, n: int, tokens: int, threads: int) -> Config:
+def peer_overrides(prompts: int, n: int, tokens: int, threads: int) -> list[str]:
     """The mmrl side: GRPO from the random-init model, no KL, on-policy, no evaluation or checkpoints."""
-    cfg = copy.deepcopy(cfg)
-    cfg.model.path = str(OUT / "model")
-    cfg.data.dir = str(OUT / "data")
-    cfg.trainer.init = cfg.model.path
-    cfg.trainer.out_dir = str(OUT / f"mmrl-{prompts}x{n}x{tokens}")
-    cfg.trainer.resume = "never"
-    cfg.trainer.steps = 1 + STEPS
-    cfg.trainer.prompts_per_step = prompts
-    cfg.trainer.eval_every, cfg.trainer.save_every = 0, 0
-    cfg.trainer.val_size = 0
-    cfg.rollout.n, cfg.rollout.max_new_tokens, cfg.rollout.temperature = n, tokens, 1.0
-    cfg.rollout.micro_batch_size = prompts * n  # TRL generates a step's samples in one batch: so does mmrl here
-    cfg.algorithm.name = "grpo"
-    cfg.actor.use_kl_loss = False
-    cfg.actor.ppo_epochs, cfg.actor.num_mini_batches = 1, 1
-    cfg.resources.num_workers, cfg.resources.threads_per_worker = 1, threads
-    cfg.tracking.uri = f"sqlite:///{OUT}/mlflow.db"
-    cfg.validate()
-    return cfg
+    return [
+        f"model.path={OUT / 'model'}", f"data.dir={OUT / 'data'}", f"trainer.init={OUT / 'model'}",
+        f"trainer.out_dir={OUT / f'mmrl-{prompts}x{n}x{tokens}'}", "trainer.resume=never",
+        f"trainer.steps={1 + STEPS}", f"trainer.prompts_per_step={prompts}", "trainer.eval_every=0",
+        "trainer.save_every=0", "trainer.val_size=8",
+        f"rollout.n={n}", f"rollout.max_new_tokens={tokens}", "rollout.temperature=1.0",
+        f"rollout.micro_batch_size={prompts * n}",  # TRL generates a step's samples in one batch: so does mmrl here
+        "algorithm.name=grpo", "actor.use_kl_loss=false", "actor.ppo_epochs=1", "actor.num_mini_batches=1",
+        "resources.num_workers=1", f"resources.threads_per_worker={threads}",
+        f"tracking.uri=sqlite:///{OUT}/mlflow.db",
+    ]
 
 
 def run_mmrl(cfg: Config) -> SideResult:
@@ -192,16 +183,16 @@ def print_rows(results: list[tuple[tuple[int, int, int], SideResult, SideResult]
 def main(argv: list[str] | None = None) -> list[tuple[tuple[int, int, int], SideResult, SideResult]]:
     from pipelines.bench import ensure_inputs
 
-    cfg = parse(__doc__, argv)
+    command = parse_command(__doc__, argv)
     sizes = [tuple(int(x) for x in size.split("x")) for size in os.environ["MMRL_PEER_SIZES"].split()] \
         if os.environ.get("MMRL_PEER_SIZES") else SIZES
-    threads = cfg.resources.threads_per_worker or torch.get_num_threads()
-    base = peer_config(cfg, *sizes[0], threads)
-    base.data.sizes = {"sft": 8, "train": max(p for p, _, _ in sizes) * (1 + STEPS), "val": 8, "test": 8}
-    ensure_inputs(base, rebuild_data=True)  # the data's size depends on the work sizes
+    threads = command.load().resources.threads_per_worker or torch.get_num_threads()
+    train = max(p for p, _, _ in sizes) * (1 + STEPS)
+    data_sizes = f"data.sizes={{sft: 8, train: {train}, val: 8, test: 8}}"
+    ensure_inputs(command.load(*peer_overrides(*sizes[0], threads), data_sizes), rebuild_data=True)  # sized by the work
     results = []
     for prompts, n, tokens in sizes:
-        run_cfg = peer_config(base, prompts, n, tokens, threads)
+        run_cfg = command.load(*peer_overrides(prompts, n, tokens, threads), data_sizes)
         theirs = run_trl(run_cfg, prompts, n, tokens, threads)
         ours = run_mmrl(run_cfg)
         results.append(((prompts, n, tokens), ours, theirs))

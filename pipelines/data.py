@@ -20,13 +20,14 @@ from pathlib import Path
 from tqdm import tqdm
 
 from data_prep.convert import convert_jsonl
-from data_prep.schema import Video, write_parquet
+from data_prep.parquet import write_parquet
 from data_prep.synthetic import VideoSynthesis, build_splits
 from data_prep.synthetic_video import ClipSpec
 from data_prep.video import VideoLimits
 from mmrl.config import Config
 from mmrl.models.encoding import encode_prompt
 from mmrl.models.loading import load_processor, patch_factor
+from mmrl.schema import Video
 from pipelines.cli import parse
 
 

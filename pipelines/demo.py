@@ -20,14 +20,15 @@ from mmrl.trainer.rl import run_rl
 from mmrl.trainer.sft import run_sft
 from mmrl.tracking import redact_uri, tracking_uri
 from pipelines import data, model
-from pipelines.cli import parse
+from pipelines.cli import parse_command
 
 SUMMARY = Path("outputs/demo/summary.json")
 
 
 def main(argv: list[str] | None = None) -> dict:
     start = time.time()
-    cfg = parse(__doc__, argv)
+    command = parse_command(__doc__, argv)
+    cfg = command.load()
     stage_s: dict[str, float] = {}
 
     def timed(name: str, fn, *args, **kwargs):
@@ -41,11 +42,10 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"demo: tiny model with {count_parameters(load_model(path)) / 1e6:.2f} M parameters")
     timed("data", data.synthetic, cfg)
     sft = timed("sft", run_sft, cfg)
-    cfg.trainer.init = sft["checkpoint"]
-    if cfg.trainer.resume == "auto":
-        # The demo rebuilds the model, data and SFT policy: an RL checkpoint of an earlier demo is not a
-        # resume point for this one. (`make rl` resumes; so does the demo with trainer.resume=<path>.)
-        cfg.trainer.resume = "never"
+    # The demo rebuilds the model, data and SFT policy: an RL checkpoint of an earlier demo is not a resume
+    # point for this one. (`make rl` resumes; so does the demo with trainer.resume=<path>.)
+    fresh = ["trainer.resume=never"] if cfg.trainer.resume == "auto" else []
+    cfg = command.load(f"trainer.init={sft['checkpoint']}", *fresh)
     rl = timed("rl", run_rl, cfg)
     sft_eval = timed("eval_sft", run_eval, cfg, sft["checkpoint"], "eval-sft")
     rl_eval = timed("eval_rl", run_eval, cfg, str(Path(cfg.trainer.out_dir) / "checkpoint"), "eval-rl")

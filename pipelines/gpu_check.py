@@ -10,7 +10,6 @@ the same check on the CPU (to try the script, not the GPU).
 
 from __future__ import annotations
 
-import copy
 import statistics
 
 import torch
@@ -21,30 +20,26 @@ from mmrl.models.tiny import build_tiny_vlm
 from mmrl.tracking import tracking_uri
 from mmrl.trainer.rl import run_rl
 from pipelines import data, model
-from pipelines.cli import parse
+from pipelines.cli import parse_command
 
 OUT = "outputs/gpu_check"
-RUNS = {"grpo": {}, "ppo": {"critic.llm.strategy": "fsdp"}}
+RUNS = {"grpo": (), "ppo": ("critic.llm.strategy=fsdp",)}
 
 
-def check_config(cfg: Config) -> Config:
-    """The demo's config, made small and pointed at ``outputs/gpu_check`` and at the GPUs."""
-    cfg = copy.deepcopy(cfg)
+def check_overrides(cfg: Config) -> list[str]:
+    """The overrides that make the user's config small and point it at ``outputs/gpu_check`` and the GPUs."""
+    out = []
     if cfg.resources.device in ("auto", "cuda"):
         if not torch.cuda.is_available():
             raise SystemExit("gpu-check: CUDA is not available here (torch.cuda.is_available() is False); run it "
                              "on a GPU machine after `make install GPU=1`, or pass resources.device=cpu to try it")
-        cfg.resources.device = "cuda"
-        cfg.resources.num_workers = min(2, torch.cuda.device_count())
-    cfg.model.path = f"{OUT}/model"
-    cfg.data.dir = f"{OUT}/data"
-    cfg.data.sizes = {"sft": 16, "train": 256, "val": 16, "test": 16}
-    cfg.trainer.steps = min(cfg.trainer.steps, 10)
-    cfg.trainer.eval_every, cfg.trainer.val_size, cfg.trainer.save_every = 0, 16, 0
-    cfg.trainer.init = cfg.model.path
-    cfg.trainer.resume = "never"
-    cfg.tracking.uri = f"sqlite:///{OUT}/mlflow.db"
-    return cfg
+        out += ["resources.device=cuda", f"resources.num_workers={min(2, torch.cuda.device_count())}"]
+    return out + [
+        f"model.path={OUT}/model", f"data.dir={OUT}/data", "data.sizes={sft: 16, train: 256, val: 16, test: 16}",
+        f"trainer.steps={min(cfg.trainer.steps, 10)}", "trainer.eval_every=0", "trainer.val_size=16",
+        "trainer.save_every=0", f"trainer.init={OUT}/model", "trainer.resume=never",
+        f"tracking.uri=sqlite:///{OUT}/mlflow.db",
+    ]
 
 
 def mean_step_s(cfg: Config, run_id: str) -> tuple[float, float]:
@@ -55,19 +50,15 @@ def mean_step_s(cfg: Config, run_id: str) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    cfg = check_config(parse(__doc__, argv))
+    command = parse_command(__doc__, argv)
+    small = check_overrides(command.load())
+    cfg = command.load(*small)
     build_tiny_vlm(model.task_corpus(cfg), cfg.tiny_model, cfg.model.path, cfg.seed)
     data.synthetic(cfg)
     device = torch.cuda.get_device_name(0) if cfg.resources.device == "cuda" else "cpu"
     results = {}
     for name, overrides in RUNS.items():
-        run_cfg = copy.deepcopy(cfg)
-        run_cfg.algorithm.name = name
-        run_cfg.trainer.out_dir = f"{OUT}/{name}"
-        for key, value in overrides.items():
-            section, part, field = key.split(".")
-            setattr(getattr(getattr(run_cfg, section), part), field, value)
-        run_cfg.validate()
+        run_cfg = command.load(*small, f"algorithm.name={name}", f"trainer.out_dir={OUT}/{name}", *overrides)
         result = run_rl(run_cfg)
         results[name], first = mean_step_s(run_cfg, result["mlflow_run_id"])
         print(f"gpu-check: {name} on {run_cfg.resources.num_workers} x {device}: {results[name]:.3f} s/step "

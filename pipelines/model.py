@@ -12,11 +12,11 @@ from collections.abc import Iterator
 
 from data_prep.synthetic import IMAGE_TASKS, corpus_texts, generate_rows
 from data_prep.synthetic_video import VIDEO_ANSWERS, VIDEO_QUESTIONS, VIDEO_TASKS
+from mmrl.answer_format import format_answer
 from mmrl.config import Config
 from mmrl.models.loading import load_model
 from mmrl.models.tiny import build_tiny_vlm, count_parameters
 from pipelines.cli import parse
-from rewards import format_answer
 
 
 BASE_TASKS = ("colour", "count", "shape")

@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from data_prep.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
+from mmrl.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 from rewards.verifiers import extract_answer
 
 TEMPLATE_FIELDS = ("question", "response", "ground_truth")

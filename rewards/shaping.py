@@ -14,11 +14,12 @@ import numbers
 import re
 from collections.abc import Mapping
 
+from mmrl.answer_format import ANSWER_TAG
 from rewards.verifiers import strip_trailing_special
 
-# Tolerant like the answer tags of rewards.verifiers: any case, spaces inside ("< /Think >").
-_TAG = re.compile(r"<\s*(/?)\s*(think|answer)\s*>", re.IGNORECASE)
-_LAYOUT = [("", "think"), ("/", "think"), ("", "answer"), ("/", "answer")]
+# Tolerant like the answer tags of mmrl.answer_format: any case, spaces inside ("< /Think >").
+_TAG = re.compile(rf"<\s*(/?)\s*(think|{ANSWER_TAG})\s*>", re.IGNORECASE)
+_LAYOUT = [("", "think"), ("/", "think"), ("", ANSWER_TAG), ("/", ANSWER_TAG)]
 
 
 def think_format(response: str) -> float:

@@ -41,7 +41,7 @@ class RewardInput:
     ground_truth: str
     data_source: str = ""
     images: list = field(default_factory=list)  # PIL images of the prompt; may be empty
-    videos: list = field(default_factory=list)  # the prompt's data_prep.schema.Video (frames, timestamps)
+    videos: list = field(default_factory=list)  # the prompt's mmrl.schema.Video (frames, timestamps)
     extra: dict = field(default_factory=dict)  # the data row's other columns
     _: KW_ONLY
     prompt: str = ""  # the text of the prompt's user turns

@@ -1,8 +1,8 @@
 """Built-in reward functions (verifiers) and the answer format they read.
 
-The answer format is defined here once (:data:`ANSWER_TAG`, :func:`format_answer`): the SFT targets, the
-tiny model's tokenizer corpus and every verifier use it. :func:`extract_answer` finds the model's answer
-(the last ``<answer>...</answer>``, or the whole text when it has no tag).
+The answer format is defined once, in :mod:`mmrl.answer_format` (:data:`ANSWER_TAG`, :func:`format_answer`,
+:func:`extract_answer`, which finds the model's answer: the last ``<answer>...</answer>``, or the whole text
+when it has no tag); this module re-exports them.
 
 :data:`BUILTINS` lists the verifiers :mod:`rewards.registry` registers by name:
 
@@ -30,53 +30,13 @@ nested tags) scores 0, in time linear in its length. A response that is not a ``
 
 from __future__ import annotations
 
-import re
-
+from mmrl.answer_format import ANSWER_TAG, extract_answer, format_answer  # noqa: F401  (re-exported)
+from mmrl.answer_format import ANY_TAG as _ANY_TAG, ONLY_PAIR as _ONLY_PAIR, SPECIAL_TOKEN as _SPECIAL_TOKEN
 from rewards.text import normalize_text
 from rewards.types import RewardFn
 
-ANSWER_TAG = "answer"
-
-
-def format_answer(answer: str) -> str:
-    """The answer in the trained format: ``<answer>{answer}</answer>``."""
-    return f"<{ANSWER_TAG}>{answer}</{ANSWER_TAG}>"
-
-
-# Tags are matched case-insensitively and tolerate spaces, e.g. "< /Answer >".
-_OPEN = rf"<\s*{ANSWER_TAG}\s*>"
-_CLOSE = rf"<\s*/\s*{ANSWER_TAG}\s*>"
-# A pair whose content holds no further opening tag: in "<answer><answer>x</answer>" it is the inner one.
-_PAIR = re.compile(rf"{_OPEN}((?:(?!{_OPEN}).)*?){_CLOSE}", re.IGNORECASE | re.DOTALL)
-_ONLY_PAIR = re.compile(rf"{_OPEN}(.*?){_CLOSE}", re.IGNORECASE | re.DOTALL)
-_ANY_TAG = re.compile(rf"{_OPEN}|{_CLOSE}", re.IGNORECASE)
-# Chat-template special tokens such as <|im_end|> or <|endoftext|>.
-_SPECIAL_TOKEN = re.compile(r"<\|[^<>|]*\|>")
-
 _QUOTES = "\"'`“”‘’"
 _TRAILING_PUNCTUATION = ".!,"
-
-
-def extract_answer(text: str) -> str | None:
-    """The model's answer in ``text``, or None if it gave none.
-
-    The answer is the stripped content of the last ``<answer>...</answer>``
-    pair. Text with no answer tag at all is a bare answer and is returned
-    stripped. Text with a tag but no complete pair (an unclosed ``<answer>``
-    or a stray ``</answer>``), empty text and an empty pair give None.
-    Special tokens like ``<|im_end|>`` are ignored.
-    """
-    if not isinstance(text, str):
-        raise TypeError(f"extract_answer expects the response as a str, got {type(text).__name__}")
-    cleaned = _SPECIAL_TOKEN.sub(" ", text)
-    pairs = _PAIR.findall(cleaned)
-    if pairs:
-        answer = pairs[-1].strip()
-    elif _ANY_TAG.search(cleaned):
-        return None
-    else:
-        answer = cleaned.strip()
-    return answer or None
 
 
 def strip_trailing_special(text: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from data_prep.schema import write_parquet  # noqa: E402
+from data_prep.parquet import write_parquet  # noqa: E402
 from data_prep.synthetic import build_splits  # noqa: E402
 from mmrl.config import Config, TinyModelConfig, load_config  # noqa: E402
 from mmrl.models.tiny import build_tiny_vlm  # noqa: E402
@@ -46,7 +46,8 @@ def tiny_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def tiny_config(tiny_model_dir: Path, tiny_data_dir: Path, tmp_path: Path) -> Config:
-    """A config pointing at the tiny model and data, with a private MLflow store."""
+    """A config pointing at the tiny model and data, with a private MLflow store. Loaded, not resolved: a test
+    may change it before the run, whose RLTrainer checks and resolves it (mmrl.run_config.prepare_run_config)."""
     return load_config(
         None,
         [

@@ -275,7 +275,7 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> to
 def clip_settings(cfg: ActorConfig) -> dict[str, Any]:
     """The ``actor`` keys a clipped loss reads: the clip range, the aggregation mode and its horizon."""
     return {"clip_low": cfg.clip_ratio_low, "clip_high": cfg.clip_ratio_high, "agg_mode": cfg.loss_agg_mode,
-            "horizon": cfg.loss_horizon or None}
+            "horizon": cfg.loss_horizon}
 
 
 def dual_clip_settings(cfg: ActorConfig) -> dict[str, Any]:

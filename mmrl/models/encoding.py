@@ -24,7 +24,7 @@ import torch
 from PIL import Image
 
 # The one definition of the placeholders and their counter, shared with data prep.
-from data_prep.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Video, count_placeholders
+from mmrl.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Video, count_placeholders
 
 VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
 _PLACEHOLDER = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")

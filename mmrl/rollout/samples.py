@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from data_prep.schema import decode_image, decode_video
 from mmrl.models.encoding import EncodedPrompt, encode_prompt
 from mmrl.protocol import Batch
 from mmrl.rollout.base import RolloutEngine, SamplingParams
+from mmrl.schema import decode_image, decode_video
 
 
 def encode_row(processor: Any, messages: list[dict], images: list[bytes], videos: list[dict] | None,

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from data_prep.schema import read_parquet
 from mmrl.protocol import Batch
+from mmrl.schema import read_parquet
 
 
 def split_path(data_dir: str | Path, split: str) -> Path:

@@ -25,10 +25,10 @@ from typing import Protocol
 import torch
 from PIL import Image
 
-from data_prep.schema import Video, decode_image, decode_video
 from mmrl.config import RewardConfig
 from mmrl.controller import WorkerGroup
 from mmrl.protocol import Batch
+from mmrl.schema import Video, decode_image, decode_video
 from rewards import RewardInput, RewardManager
 
 log = logging.getLogger(__name__)

@@ -31,6 +31,7 @@ from mmrl.controller.worker import resolve_device
 from mmrl.models.loading import check_checkpoint, load_processor
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
+from mmrl.run_config import prepare_run_config
 from mmrl.tracking import Tracker, console_line
 from mmrl.trainer.checkpoint import CheckpointManager, DriverState, load_driver_state, resume_point
 from mmrl.trainer.dataset import PromptLoader, load_rows
@@ -64,7 +65,7 @@ class RLTrainer:
     critic_worker: type = CriticWorker
 
     def __init__(self, cfg: Config, checkpoint: str | None = None) -> None:
-        self.cfg = cfg
+        self.cfg = cfg = prepare_run_config(cfg)  # checked; a resolved copy (equal to cfg if cfg was resolved)
         self.checkpoint = checkpoint or cfg.trainer.init
         check_checkpoint(self.checkpoint, "trainer.init")  # before any worker starts
         self.algorithm = build_algorithm(cfg)
@@ -359,7 +360,7 @@ class RLTrainer:
         with self.timer("val"):
             self.sync_weights(wake=True)
             result: EvalResult = evaluate(self.workers.generate_once, self.val_rows, self.verifier,
-                                          self.cfg.eval.batch_size, self.cfg.rollout.max_new_tokens)
+                                          self.cfg.eval.batch_size, self.cfg.eval.max_new_tokens)
             self.workers.release_engine()
         tracker.log_dict(samples_table(result.samples), f"rollouts/step_{step:05d}.json")
         tracker.log_text(samples_html(result.samples, f"val rollouts at step {step}"), f"rollouts/step_{step:05d}.html")

@@ -20,11 +20,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from data_prep.preferences import PreferencePair, read_pairs, synthetic_pairs, write_pairs
 from mmrl.config import Config
 from mmrl.controller.worker import resolve_device
 from mmrl.models.encoding import EncodedPrompt, collate
 from mmrl.models.loading import load_model, load_processor, save_checkpoint
+from mmrl.preference_pairs import PreferencePair, read_pairs
 from mmrl.rollout.samples import encode_rows
 from mmrl.tracking import Tracker
 from mmrl.trainer.dataset import load_rows, rows_to_batch
@@ -44,13 +44,12 @@ def response_ids(tokenizer: Any, text: str) -> torch.Tensor:
     return torch.tensor([*ids, tokenizer.eos_token_id], dtype=torch.long)
 
 
-def load_pairs(cfg: Config, split: str, path: str, rows: list[dict[str, Any]], seed: int) -> list[PreferencePair]:
-    """The pairs of ``path``, or synthetic ones from ``rows`` (written to ``<rm.out_dir>/pairs_<split>.jsonl``)."""
-    if path:
-        return read_pairs(Path(path), {str(r["id"]) for r in rows})
-    pairs = synthetic_pairs(rows, cfg.rm.pairs_per_prompt, seed)
-    write_pairs(Path(cfg.rm.out_dir) / f"pairs_{split}.jsonl", pairs)
-    return pairs
+def load_pairs(path: str, key: str, rows: list[dict[str, Any]]) -> list[PreferencePair]:
+    """The pairs of the file ``path`` (the value of config key ``key``), whose prompts are rows of ``rows``."""
+    if not path:
+        raise ValueError(f"{key} is empty: give a pairs file, or run the make rm stage (pipelines.rm), which "
+                         "writes synthetic pairs made from the split's labels when it is empty")
+    return read_pairs(Path(path), {str(r["id"]) for r in rows})
 
 
 class RMTrainer:
@@ -66,8 +65,8 @@ class RMTrainer:
         self.root = self.layout.root  # ValueModel sharing self.model's backbone
         train_rows = load_rows(cfg.data.dir, "train")
         val_rows = load_rows(cfg.data.dir, "val")
-        self.train_pairs = load_pairs(cfg, "train", cfg.rm.train_pairs, train_rows, cfg.seed)
-        self.val_pairs = load_pairs(cfg, "val", cfg.rm.val_pairs, val_rows, cfg.seed + 1)[: cfg.rm.eval_pairs]
+        self.train_pairs = load_pairs(cfg.rm.train_pairs, "rm.train_pairs", train_rows)
+        self.val_pairs = load_pairs(cfg.rm.val_pairs, "rm.val_pairs", val_rows)[: cfg.rm.eval_pairs]
         self.prompts = self.encode(train_rows, self.train_pairs) | self.encode(val_rows, self.val_pairs)
 
     def encode(self, rows: list[dict[str, Any]], pairs: list[PreferencePair]) -> dict[str, EncodedPrompt]:

@@ -1,8 +1,8 @@
 """Supervised warm start: teach the answer format on a small labelled split (loss on answer tokens only).
 
 Runs in-process (no Ray): it is a short, single-rank job. It builds inputs through the same encoding
-path and log-prob function as RL, with the answer in the trained format (:func:`rewards.format_answer`)
-followed by the end-of-turn token as the "response".
+path and log-prob function as RL, with the answer in the trained format
+(:func:`mmrl.answer_format.format_answer`) followed by the end-of-turn token as the "response".
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from mmrl.answer_format import format_answer
 from mmrl.config import Config
 from mmrl.controller.worker import resolve_device
 from mmrl.models.encoding import EncodedPrompt, vision_token_ids
@@ -26,7 +27,6 @@ from mmrl.trainer.evaluation import evaluate
 from mmrl.trainer.reward_stage import Verifier
 from mmrl.trainer.supervised import train_steps
 from mmrl.workers.model_builder import build_model
-from rewards import format_answer
 
 
 def target_ids(tokenizer: Any, answer: str) -> torch.Tensor:

@@ -130,7 +130,7 @@ class PolicyUpdater(DataParallelUpdater):
         sums = {key: value * tokens for key, value in pg_metrics.items()}  # per-token means -> sums
         sums["pg_loss"] = float(pg_loss.detach())
         sums["entropy"] = float((entropy.detach() * mask).sum())
-        horizon = cfg.loss_horizon or None
+        horizon = cfg.loss_horizon
         if cfg.entropy_coeff:
             loss = loss - cfg.entropy_coeff * aggregate(entropy, mask, cfg.loss_agg_mode, denominator, horizon)
         if cfg.use_kl_loss:

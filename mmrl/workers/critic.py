@@ -59,7 +59,7 @@ class ValueUpdater(DataParallelUpdater):
         loss, metrics = value_loss(
             values, micro["values"].to(dev), micro["returns"].to(dev), mask,
             clip_range=self.cfg.cliprange_value, agg_mode=self.cfg.loss_agg_mode, denominator=denominator,
-            horizon=self.cfg.loss_horizon or None,
+            horizon=self.cfg.loss_horizon,
         )
         tokens = float(mask.sum())
         return loss, {"vf_loss": float(loss.detach()), **{k: v * tokens for k, v in metrics.items()}}

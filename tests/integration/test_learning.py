@@ -4,7 +4,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from data_prep.schema import write_parquet
+from data_prep.parquet import write_parquet
 from data_prep.synthetic import build_splits
 from mmrl.trainer.rl import run_rl
 from mmrl.trainer.sft import run_sft

@@ -9,12 +9,12 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from data_prep.schema import decode_images
 from mmrl.controller import ResourcePool, WorkerGroup
 from mmrl.models.forward import ValueModel
 from mmrl.models.loading import load_model, load_processor, save_checkpoint
 from mmrl.protocol import Batch
 from mmrl.rollout.samples import encode_rows
+from mmrl.schema import decode_images
 from mmrl.trainer.dataset import load_rows, rows_to_batch
 from mmrl.trainer.rl import run_rl
 from mmrl.trainer.rm import response_ids

@@ -126,7 +126,7 @@ def test_two_ranks_match_one_for_every_layout(groups, base_cfg, tiny_model_dir, 
 @pytest.fixture(scope="module")
 def media_batch(tiny_model_dir):
     """Video, image + video, two images and text-only prompts: ranks hold different media in every mix."""
-    from data_prep.schema import Video
+    from mmrl.schema import Video
 
     processor = load_processor(tiny_model_dir)
 

@@ -9,7 +9,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
-from data_prep.schema import decode_images
+from mmrl.schema import decode_images
 from mmrl.trainer.dataset import load_rows
 from pipelines import data as data_stage
 from rewards import answer_match
@@ -70,7 +70,7 @@ def test_data_stage_converts_user_jsonl_with_quarantine(tmp_path, capsys, tiny_m
     assert sorted(q["kind"] for q in quarantined) == ["corrupt", "invalid_json", "missing_file", "too_long"]
     (long,) = [q for q in quarantined if q["kind"] == "too_long"]
     assert "over max_prompt_tokens=64" in long["reason"]
-    from data_prep.schema import decode_images, read_parquet
+    from mmrl.schema import decode_images, read_parquet
 
     rows = read_parquet(out / "train.parquet")
     (image,) = decode_images(rows[0])
@@ -83,7 +83,7 @@ def test_data_stage_mixes_video_and_multi_image_tasks_by_config(tmp_path, capsys
     data_stage.main(["--config", "", f"data.dir={out}", "data.tasks={first_colour: 0.5, compare_count: 0.5}",
                      "data.sizes={train: 8, test: 4}", "data.video_size=56"])
     assert "train     8 rows" in capsys.readouterr().out
-    from data_prep.schema import read_parquet
+    from mmrl.schema import read_parquet
 
     rows = list(read_parquet(out / "train.parquet"))
     videos = [r for r in rows if r["videos"]]

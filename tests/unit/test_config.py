@@ -1,14 +1,20 @@
+import ast
 import dataclasses
+import subprocess
+import sys
 import typing
 from pathlib import Path
 
 import pytest
 
 from mmrl.algos import build_algorithm
-from mmrl.config import Config, ConfigError, load_config
+from mmrl.config import Config, ConfigError, load_config, resolve, to_dict
+from mmrl.run_config import load_run_config, prepare_run_config
 from pipelines.cli import parse
 
-CONFIGS = sorted(Path(__file__).resolve().parents[2].joinpath("configs").glob("*.yaml"))
+ROOT = Path(__file__).resolve().parents[2]
+
+CONFIGS = sorted(ROOT.joinpath("configs").glob("*.yaml"))
 
 
 def test_there_are_configs():
@@ -17,7 +23,7 @@ def test_there_are_configs():
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_every_config_loads(path):
-    cfg = load_config(path)
+    cfg = load_run_config(path)
     assert isinstance(cfg, Config)
 
 
@@ -41,17 +47,17 @@ def test_bad_key_or_value_names_the_key_and_what_is_allowed(override, message):
 
 def test_cross_field_checks():
     with pytest.raises(ConfigError, match="rollout.n >= 2"):
-        load_config(None, ["rollout.n=1"])
+        load_run_config(None, ["rollout.n=1"])
     with pytest.raises(ConfigError, match="algorithm.name='ppo2' is unknown; allowed: dapo, dr_grpo, grpo, gspo, pf_ppo, ppo, reinforce_plus_plus"):
-        load_config(None, ["algorithm.name=ppo2"])
+        load_run_config(None, ["algorithm.name=ppo2"])
     with pytest.raises(ConfigError, match="algorithm.adv_estimator was renamed: use algorithm.name"):
-        load_config(None, ["algorithm.adv_estimator=gae"])
+        load_run_config(None, ["algorithm.adv_estimator=gae"])
     with pytest.raises(ConfigError, match="actor.policy_loss='clip' is unknown; allowed: dual_clip, gspo, ppo_clip, sppo"):
-        load_config(None, ["actor.policy_loss=clip"])
+        load_run_config(None, ["actor.policy_loss=clip"])
     with pytest.raises(ConfigError, match="rollout.engine='sglang' is unknown; allowed: hf"):
-        load_config(None, ["rollout.engine=sglang"])
+        load_run_config(None, ["rollout.engine=sglang"])
     with pytest.raises(ConfigError, match="critic.num_mini_batches=64 mini-batches"):
-        load_config(None, ["critic.num_mini_batches=64", "trainer.prompts_per_step=2", "rollout.n=8"])
+        load_run_config(None, ["critic.num_mini_batches=64", "trainer.prompts_per_step=2", "rollout.n=8"])
 
 
 def test_base_chain_and_missing_file(tmp_path):
@@ -85,9 +91,9 @@ def test_validation_reads_the_algorithm_declarations():
     """PPO declares a critic and no group size, so n=1 is fine; GRPO and RLOO declare groups of 2."""
     for name in ("grpo", "rloo"):
         with pytest.raises(ConfigError, match=f"rollout.n=1: {name} compares.*rollout.n >= 2"):
-            load_config(None, [f"algorithm.name={name}", "rollout.n=1"])
-    cfg = load_config(None, ["algorithm.name=ppo", "rollout.n=1"])
-    assert build_algorithm(cfg).needs_critic and not build_algorithm(load_config(None, [])).needs_critic
+            load_run_config(None, [f"algorithm.name={name}", "rollout.n=1"])
+    cfg = load_run_config(None, ["algorithm.name=ppo", "rollout.n=1"])
+    assert build_algorithm(cfg).needs_critic and not build_algorithm(load_run_config(None, [])).needs_critic
 
 
 @pytest.mark.parametrize("override,message", [
@@ -147,14 +153,63 @@ def test_old_log_probs_from_the_rollout_need_the_untruncated_distribution() -> N
 
 def test_algorithm_family_cross_field_checks():
     with pytest.raises(ConfigError, match="sppo policy loss is one square per sequence"):
-        load_config(None, ["algorithm.name=sppo"])
-    cfg = load_config(None, ["algorithm.name=sppo", "actor.loss_agg_mode=seq-mean-token-mean"])
+        load_run_config(None, ["algorithm.name=sppo"])
+    cfg = load_run_config(None, ["algorithm.name=sppo", "actor.loss_agg_mode=seq-mean-token-mean"])
     assert cfg.actor.policy_loss == "" and cfg.algorithm.name == "sppo"
     with pytest.raises(ConfigError, match="grpo trains no critic"):
-        load_config(None, ["algorithm.critic_warmup_steps=3"])
-    assert load_config(None, ["algorithm.name=vapo", "algorithm.critic_warmup_steps=3"]).algorithm.critic_warmup_steps == 3
+        load_run_config(None, ["algorithm.critic_warmup_steps=3"])
+    assert load_run_config(None, ["algorithm.name=vapo", "algorithm.critic_warmup_steps=3"]).algorithm.critic_warmup_steps == 3
     # seq-mean-token-sum-norm's constant defaults to the longest response, and can be set
-    assert load_config(None, ["rollout.max_new_tokens=12"]).actor.loss_horizon == 12
-    assert load_config(None, ["rollout.max_new_tokens=12", "actor.loss_horizon=40"]).actor.loss_horizon == 40
+    assert load_run_config(None, ["rollout.max_new_tokens=12"]).actor.loss_horizon == 12
+    assert load_run_config(None, ["rollout.max_new_tokens=12", "actor.loss_horizon=40"]).actor.loss_horizon == 40
     with pytest.raises(ConfigError, match="actor.clip_ratio_c"):
-        load_config(None, ["actor.clip_ratio_c=1.0"])
+        load_run_config(None, ["actor.clip_ratio_c=1.0"])
+
+
+def test_a_bad_judge_engine_is_named_by_its_own_key():
+    with pytest.raises(ConfigError, match="reward.judge.engine='sglang' is unknown; allowed: hf"):
+        load_run_config(None, ["reward.judge.engine=sglang"])
+    assert load_run_config(None, ["reward.judge.engine=hf"]).reward.judge.engine == "hf"
+
+
+def test_given_keys_are_the_yaml_chain_and_the_overrides_and_no_config_key(tmp_path):
+    (tmp_path / "base.yaml").write_text("rollout: {n: 3}\ndata: {tasks: {count: 1.0}}\n")
+    (tmp_path / "child.yaml").write_text("base: base.yaml\nactor: {vision: {freeze: true}}\n")
+    cfg = load_config(tmp_path / "child.yaml", ["algorithm.filter_k=2", "seed=3"])
+    assert cfg.given_keys == {"rollout.n", "data.tasks", "actor.vision.freeze", "algorithm.filter_k", "seed"}
+    assert load_run_config(tmp_path / "child.yaml").given_keys == {"rollout.n", "data.tasks", "actor.vision.freeze"}
+    assert Config().given_keys == frozenset() and "given_keys" not in to_dict(cfg)
+    with pytest.raises(ConfigError, match="unknown key given_keys"):
+        load_config(None, ["given_keys=[rollout.n]"])
+
+
+def test_validation_does_not_write_and_resolve_returns_a_new_config():
+    loaded = load_config(None, ["trainer.steps=7", "actor.ppo_epochs=3", "rollout.max_new_tokens=12",
+                                "critic.loss_horizon=5"])
+    before = to_dict(loaded)
+    loaded.validate()
+    assert to_dict(loaded) == before and loaded.actor.loss_horizon == 0 and loaded.actor.decay_steps == 0
+    resolved = resolve(loaded)
+    assert to_dict(loaded) == before  # the input is untouched
+    assert (resolved.actor.loss_horizon, resolved.actor.decay_steps) == (12, 7 * 2 * 3)
+    assert (resolved.critic.loss_horizon, resolved.critic.decay_steps) == (5, 7 * 2 * 1)  # a value set is kept
+    assert resolve(resolved) == resolved and prepare_run_config(resolved) == resolved
+    resolved.actor.vision.freeze = True  # the new config shares no section with the old one
+    assert loaded.actor.vision.freeze is False
+    loaded.trainer.steps = 40  # changed before resolution: the derived value follows
+    assert resolve(loaded).actor.decay_steps == 40 * 2 * 3
+    assert resolve(loaded).given_keys == loaded.given_keys
+
+
+def test_stages_build_their_configs_with_overrides_so_derived_values_follow():
+    """make gpu-check runs 10 steps: its cosine spans 10 steps' updates (it spanned the demo's 400 before);
+    bench-peer's response length sets the loss horizon."""
+    from pipelines.bench_peer import peer_overrides
+    from pipelines.cli import Command
+    from pipelines.gpu_check import check_overrides
+
+    command = Command(str(ROOT / "configs/demo.yaml"), ("resources.device=cpu",))
+    small = command.load(*check_overrides(command.load()))
+    assert small.trainer.steps == 10 and small.actor.decay_steps == 10 * small.actor.num_mini_batches
+    peer = command.load(*peer_overrides(2, 2, 24, 1))
+    assert (peer.rollout.max_new_tokens, peer.actor.loss_horizon, peer.actor.decay_steps) == (24, 24, 4)

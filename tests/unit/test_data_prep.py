@@ -14,8 +14,8 @@ import pytest
 from PIL import Image
 
 from data_prep.convert import ConvertReport, convert_jsonl
+from data_prep.parquet import write_parquet
 from data_prep.pixels import encode_png, fit_pixel_budget, resize_to_budget
-from data_prep.schema import IMAGE_PLACEHOLDER, decode_images, make_row, read_parquet, write_parquet
 from data_prep import synthetic
 from data_prep.synthetic import (
     COLOURS,
@@ -25,6 +25,7 @@ from data_prep.synthetic import (
     corpus_texts,
     generate_rows,
 )
+from mmrl.schema import IMAGE_PLACEHOLDER, decode_images, make_row, read_parquet
 
 MIN_PIXELS, MAX_PIXELS = 56 * 56, 200704  # 200704 = 256 * 28 * 28
 

@@ -135,7 +135,7 @@ def test_shared_media_runs_each_distinct_prompt_once_with_the_same_logits_and_gr
     """The n samples of a prompt share one object; collate(share_media=True) sends its pixels once. On a batch
     mixing two images, an image + a video and text, repeated and interleaved, the logits equal the unshared
     forward's to 1e-5 and the gradients to 1e-6 (abs) / 1e-4 (rel)."""
-    from data_prep.schema import Video
+    from mmrl.schema import Video
 
     model, processor = model_and_processor
     colours = [(200, 30, 30), (30, 30, 200), (30, 200, 30), (200, 200, 30)]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mmrl.config import load_config
+from mmrl.run_config import load_run_config
 from mmrl.workers.update import build_optimizer, lr_factor
 
 
@@ -28,5 +28,5 @@ def test_the_optimizer_follows_the_schedule_and_the_config_spans_the_run():
         scheduler.step()
     # warm-up step 0; the cosine runs from step 1 (1.0) over thirds: 0.75, 0.25, then 0
     assert seen == pytest.approx([1.0, 1.0, 0.75, 0.25, 0.0])
-    cfg = load_config(None, ["trainer.steps=50", "actor.num_mini_batches=2", "actor.ppo_epochs=3"])
+    cfg = load_run_config(None, ["trainer.steps=50", "actor.num_mini_batches=2", "actor.ppo_epochs=3"])
     assert cfg.actor.decay_steps == 300

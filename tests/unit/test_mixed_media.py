@@ -8,7 +8,6 @@ import pytest
 import torch
 from PIL import Image
 
-from data_prep.schema import Video
 from mmrl.models.encoding import collate, encode_prompt, vision_token_ids
 from mmrl.models.forward import PolicyForward, core_model
 from mmrl.models.loading import load_model, load_processor
@@ -16,6 +15,7 @@ from mmrl.models.logprobs import response_logprobs
 from mmrl.patches.qwen_mrope import ORIGINAL, sequence_positions
 from mmrl.rollout.base import SamplingParams
 from mmrl.rollout.hf import HFRolloutEngine
+from mmrl.schema import Video
 
 CPU = torch.device("cpu")
 

@@ -9,12 +9,12 @@ import pytest
 import torch
 from PIL import Image
 
-from data_prep.schema import Video
 from mmrl.models.encoding import encode_prompt
 from mmrl.models.forward import PolicyForward
 from mmrl.models.loading import load_model, load_processor
 from mmrl.models.logprobs import response_logprobs
 from mmrl.models.packing import Groups, attention_mask, pack
+from mmrl.schema import Video
 
 COLOURS = [(200, 30, 30), (30, 30, 200), (30, 200, 30), (200, 200, 30)]
 

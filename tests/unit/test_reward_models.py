@@ -9,11 +9,12 @@ import math
 import pytest
 import torch
 
-from data_prep.preferences import broken_formats, read_pairs, synthetic_pairs, write_pairs
+from data_prep.preferences import broken_formats, synthetic_pairs, write_pairs
 from mmrl.config import Config, load_config
 from mmrl.models.encoding import collate, encode_prompt
 from mmrl.models.forward import ValueModel, core_model
 from mmrl.models.loading import load_model, load_processor, save_checkpoint
+from mmrl.preference_pairs import read_pairs
 from mmrl.trainer.rm import bradley_terry_loss, response_ids
 from mmrl.workers.model_builder import build_model
 from rewards import answer_match, format_reward

@@ -7,12 +7,12 @@ import pytest
 import torch
 from PIL import Image
 
-from data_prep.schema import Video
 from mmrl.models.encoding import collate, encode_prompt, vision_token_ids
 from mmrl.models.forward import PolicyForward
 from mmrl.models.loading import load_model, load_processor
 from mmrl.models.logprobs import response_logprobs
 from mmrl.rollout.sampler import sample_shared_prefill, truncate
+from mmrl.schema import Video
 
 CPU = torch.device("cpu")
 

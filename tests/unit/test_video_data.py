@@ -14,10 +14,10 @@ from PIL import Image
 from data_prep.convert import convert_jsonl
 from data_prep.records import ImageLimits, RowConverter
 from data_prep.rejects import RowRejected
-from data_prep.schema import decode_video, read_parquet
 from data_prep.synthetic import VideoSynthesis, build_splits
 from data_prep.synthetic_video import COLOURS, ClipSpec, write_mp4
 from data_prep.video import VideoLimits, VideoReader, plan_sampling
+from mmrl.schema import decode_video, read_parquet
 
 LIMITS = VideoLimits(min_pixels=28 * 28, frame_max_pixels=56 * 56, total_max_pixels=8 * 56 * 56, factor=28,
                      fps=2.0, min_frames=2, max_frames=8, max_seconds=60.0, timeout_s=60.0)

@@ -1,4 +1,7 @@
-"""Row schema of every prompt parquet file.
+"""Row schema of every prompt parquet file: its columns, the media placeholders, :class:`Video`, reading.
+
+Data prep (``data_prep``) writes the files (:func:`data_prep.parquet.write_parquet`); the library reads them.
+Both import the schema from here, so the library never imports its preprocessing package.
 
 Each row has these columns:
 
@@ -29,7 +32,6 @@ from __future__ import annotations
 import functools
 import io
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,28 +130,6 @@ def validate_row(row: Mapping[str, Any]) -> None:
         raise ValueError(f"row {row_id!r}: extra must be a JSON object string such as '{{}}'")
 
 
-def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> None:
-    """Validate ``rows`` and write them to a parquet file, creating parent dirs. The file is written under
-    a temporary name and renamed, so a crash never leaves a half-written ``path``."""
-    seen: set[str] = set()
-    for row in rows:
-        validate_row(row)
-        if row["id"] in seen:
-            raise ValueError(f"row id {row['id']!r} occurs twice; ids must be unique")
-        seen.add(row["id"])
-    import datasets
-
-    if rows:
-        dataset = datasets.Dataset.from_list(rows, features=features())
-    else:  # from_list cannot infer an empty table's columns
-        dataset = datasets.Dataset.from_dict({c: [] for c in COLUMNS}, features=features())
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    dataset.to_parquet(str(tmp))
-    os.replace(tmp, path)
-
-
 def read_parquet(path: str | Path) -> datasets.Dataset:
     """Read a prompt parquet file into memory and check it has the schema's columns.
 
@@ -161,7 +141,7 @@ def read_parquet(path: str | Path) -> datasets.Dataset:
 
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"parquet file {path} does not exist; write it first (e.g. with write_parquet)")
+        raise ValueError(f"parquet file {path} does not exist; write it first (make data, or data_prep.parquet.write_parquet)")
     table = pq.read_table(path)
     if "videos" not in table.column_names:  # written before videos existed: no row has one
         import pyarrow as pa
@@ -169,7 +149,7 @@ def read_parquet(path: str | Path) -> datasets.Dataset:
         table = table.append_column("videos", pa.array([[]] * table.num_rows, features().arrow_schema.field("videos").type))
     missing = [c for c in COLUMNS if c not in table.column_names]
     if missing:
-        raise ValueError(f"{path} lacks columns {missing}; regenerate it with data_prep.schema.write_parquet")
+        raise ValueError(f"{path} lacks columns {missing}; regenerate it with data_prep.parquet.write_parquet")
     dataset = datasets.Dataset(table.select(list(COLUMNS)))
     return dataset if dataset.features == features() else dataset.cast(features())
 

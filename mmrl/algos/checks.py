@@ -1,0 +1,27 @@
+"""The config checks that read the algorithm and loss tables (run by :func:`mmrl.run_config.check_run_config`).
+
+Each rule names the keys involved and the fix. ``given`` is the set of dotted keys the user set
+(:attr:`mmrl.config.Config.given_keys`), for rules that must tell a key the user set from a default.
+"""
+
+from __future__ import annotations
+
+from mmrl.algos import ALGORITHMS, POLICY_LOSSES
+from mmrl.config import Config, ConfigError, require_known
+
+
+def check_algorithm_config(cfg: Config, given: frozenset[str]) -> None:
+    """Raise a ConfigError when ``cfg`` asks what its algorithm cannot do."""
+    require_known("algorithm.name", cfg.algorithm.name, ALGORITHMS)
+    algorithm = ALGORITHMS[cfg.algorithm.name]
+    loss = cfg.actor.policy_loss or algorithm.policy_loss
+    require_known("actor.policy_loss", loss, POLICY_LOSSES)
+    if cfg.rollout.n < algorithm.min_group_size:
+        raise ConfigError(f"rollout.n={cfg.rollout.n}: {cfg.algorithm.name} compares the responses of one "
+                          f"prompt, so it needs rollout.n >= {algorithm.min_group_size}")
+    if loss == "sppo" and cfg.actor.loss_agg_mode == "token-mean":
+        raise ConfigError("the sppo policy loss is one square per sequence: set actor.loss_agg_mode to a "
+                          "sequence mode (seq-mean-token-mean), not token-mean")
+    if cfg.algorithm.critic_warmup_steps and not algorithm.needs_critic:
+        raise ConfigError(f"algorithm.critic_warmup_steps={cfg.algorithm.critic_warmup_steps}: "
+                          f"{cfg.algorithm.name} trains no critic; use ppo, pf_ppo or vapo, or set it to 0")
