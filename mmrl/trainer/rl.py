@@ -36,8 +36,7 @@ from mmrl.trainer.dataset import PromptLoader, load_rows
 from mmrl.trainer.evaluation import EvalResult, evaluate, samples_html, samples_table
 from mmrl.trainer.metrics import non_finite, step_metrics, timing_metrics, value_metrics
 from mmrl.trainer.plots import plot_curves
-from mmrl.trainer.reward_stage import (CombinedReward, JudgeReward, ModelReward, RewardStage, RuleReward, Verifier,
-                                       place_on_last_token)
+from mmrl.trainer.reward_stage import RewardStage, place_on_last_token
 from mmrl.workers.actor import old_log_prob_source
 from mmrl.workers.critic import CriticWorker
 from mmrl.workers.hybrid import ActorRolloutRefWorker
@@ -77,10 +76,8 @@ class RLTrainer:
         patch_size = int(load_processor(self.checkpoint).image_processor.patch_size)
         if reward.model.path:
             check_same_tokenizer(self.checkpoint, reward.model.path)
-        self.rules = None
-        if reward.weights or reward.function != "none":
-            self.rules = RuleReward(reward, cfg.rollout.max_new_tokens, patch_size)
-        self.verifier = Verifier(reward, patch_size)
+        # One per run: its reward worker processes outlive a recovery's new worker groups.
+        self.reward = RewardStage(reward, max_response_tokens=cfg.rollout.max_new_tokens, patch_size=patch_size)
         self.train_rows = load_rows(cfg.data.dir, "train")
         self.val_rows = load_rows(cfg.data.dir, "val", limit=cfg.trainer.val_size)
         self.checkpoints = CheckpointManager(cfg.trainer.out_dir, cfg.trainer.keep_last)
@@ -128,16 +125,9 @@ class RLTrainer:
         self.reward = self.build_reward()
 
     def build_reward(self) -> RewardStage:
-        """The training reward: the rule part, and the reward model's and the judge's on their groups."""
-        reward = self.cfg.reward
-        parts: list[tuple[str, float, RewardStage]] = []
-        if self.rules is not None:
-            parts.append(("rules", 1.0, self.rules))
-        if "reward_model" in self.groups:
-            parts.append(("model", reward.model.weight, ModelReward(self.groups["reward_model"])))
-        if "judge" in self.groups:
-            parts.append(("judge", reward.judge.weight, JudgeReward(self.groups["judge"])))
-        return CombinedReward(parts)
+        """The run's reward stage, scoring with this set of workers' reward-model and judge groups."""
+        self.reward.connect(model=self.groups.get("reward_model"), judge=self.groups.get("judge"))
+        return self.reward
 
     # ---- the loop -----------------------------------------------------------------------------
 
@@ -239,8 +229,7 @@ class RLTrainer:
         """(P,) the reward of one greedy response to each prompt (ReMax's baseline)."""
         params = SamplingParams(n=1, greedy=True, max_new_tokens=self.sampling.max_new_tokens)
         greedy = prompts.repeat(1).union(self.workers.generate(prompts, params))
-        scores, _ = self.reward.score(greedy)
-        return torch.as_tensor(scores, dtype=torch.float32)
+        return self.reward.score(greedy).scores
 
     def penalise_kl(self, batch: Batch) -> dict[str, float]:
         """Subtract the controller's coefficient x the per-token KL to the reference from the token rewards."""
@@ -254,12 +243,10 @@ class RLTrainer:
     def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """The reward stage's scores as ``token_level_rewards`` (on each response's last token), the
         reward metrics and the verifier's ``train/acc``."""
-        scores, metrics = self.reward.score(batch)
-        batch.tensors["token_level_rewards"] = place_on_last_token(scores, batch["response_mask"])
-        correct = self.verifier.correct(batch)
-        batch.tensors["correct"] = torch.tensor(correct, dtype=torch.float32)
-        metrics["train/acc"] = sum(correct) / len(correct)
-        return batch, metrics
+        out = self.reward.score(batch)
+        batch.tensors["token_level_rewards"] = place_on_last_token(out.scores, batch["response_mask"])
+        batch.tensors["correct"] = out.correct
+        return batch, out.metrics
 
     def update(self, batch: Batch) -> dict[str, float]:
         """The critic's and the actor's updates, unless a reward or advantage is not finite."""
@@ -361,7 +348,7 @@ class RLTrainer:
 
     def validate(self, tracker: Tracker, step: int) -> dict[str, float]:
         with self.timer("val"):
-            result: EvalResult = evaluate(self.workers.generate, self.val_rows, self.verifier,
+            result: EvalResult = evaluate(self.workers.generate, self.val_rows, self.reward.verify,
                                           self.cfg.eval.batch_size, self.cfg.rollout.max_new_tokens)
         tracker.log_dict(samples_table(result.samples), f"rollouts/step_{step:05d}.json")
         tracker.log_text(samples_html(result.samples, f"val rollouts at step {step}"), f"rollouts/step_{step:05d}.html")
@@ -382,9 +369,7 @@ class RLTrainer:
     def close(self) -> None:
         """Stop the worker groups and the reward processes."""
         self.shutdown()
-        for manager in (self.rules, self.verifier):
-            if manager is not None:
-                manager.close()
+        self.reward.close()
 
 
 def run_rl(cfg: Config) -> dict[str, float]:
