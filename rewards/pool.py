@@ -206,13 +206,10 @@ class RewardPool:
                                                f"max_memory_mb={self.max_memory_mb:g}; the worker was killed")
 
     def _on_exit(self, worker: _Worker, call: _Call | None) -> None:
+        if worker in self._workers:
+            self._drain(worker, call)  # reports sent before it died, e.g. that a call started
         if worker not in self._workers:
             return
-        try:  # reports sent before it died, e.g. that a call started
-            while worker.conn.poll():
-                self._handle(worker, worker.conn.recv(), call)
-        except Exception:
-            pass
         code = worker.exit_code()
         if not worker.ready:
             self._start_failed(worker, f"exited ({describe_exit(code)}) before it was ready")
@@ -354,14 +351,12 @@ class _Worker:
 
 def describe_exit(code: int | None) -> str:
     """An exit status as a reader wants it: "exit code 1", "killed by SIGSEGV"."""
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 def _shutdown(workers: list[_Worker]) -> None:
