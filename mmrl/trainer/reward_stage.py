@@ -89,18 +89,12 @@ class RewardStage:
         if not self.weights and self.model is None and self.judge is None:
             raise ValueError("the reward has no part: set reward.function, reward.model.path or reward.judge.path")
         count, verifier_of = len(batch), self._verifiers_of(batch)
-        asked = {spec: range(count) for spec in self.weights}
-        results = self._run(batch, verifier_of, asked)
+        results = self._run(batch, verifier_of, {spec: range(count) for spec in self.weights})
         metrics = {key: value for name, result in results.items() if result.asked
                    for key, value in result.metrics(name).items()}
         parts = []
         if self.weights:
-            rules = [results[self.manager.names[spec]] for spec in self.weights]
-            self._count_failures(rules)
-            rule_scores = weighted_sum([(w, torch.tensor(r.scores)) for w, r in zip(self.weights.values(), rules)], count)
-            parts.append((1.0, rule_scores))
-            metrics["reward/score/mean"] = float(rule_scores.mean()) if count else 0.0
-            metrics["reward/failed_samples"] = float(sum(any(r.failed[i] for r in rules) for i in range(count)))
+            parts.append((1.0, self._rules(results, count, metrics)))
         if self.model is not None:
             model_scores = self.model.compute_rm_scores(batch)["rm_scores"].float()
             parts.append((self.model_weight, model_scores))
@@ -141,8 +135,13 @@ class RewardStage:
         return torch.tensor([results[self.manager.names[spec]].scores[i] for i, spec in enumerate(verifier_of)],
                             dtype=torch.float32)
 
-    def _count_failures(self, rules: list[FunctionResult]) -> None:
-        failed = [any(r.failed[i] for r in rules) for i in range(len(rules[0].failed))]
+    def _rules(self, results: dict[str, FunctionResult], count: int, metrics: dict[str, float]) -> torch.Tensor:
+        """(B,) the rules' weighted sum; adds its metrics and counts the step towards ``max_failed_steps``."""
+        rules = [results[self.manager.names[spec]] for spec in self.weights]
+        scores = weighted_sum([(w, torch.tensor(r.scores)) for w, r in zip(self.weights.values(), rules)], count)
+        failed = [any(r.failed[i] for r in rules) for i in range(count)]
+        metrics["reward/score/mean"] = float(scores.mean()) if count else 0.0
+        metrics["reward/failed_samples"] = float(sum(failed))
         self.failed_steps = self.failed_steps + 1 if failed and all(failed) else 0
         if self.failed_steps >= self.max_failed_steps:
             errors = [e for r in rules for e in r.errors][:3]
@@ -151,6 +150,7 @@ class RewardStage:
                 f"(reward.max_failed_steps={self.max_failed_steps}); first errors: {errors}. Fix the "
                 "reward function (run it on a few rows by hand), or raise reward.timeout_s / reward.max_memory_mb"
             )
+        return scores
 
     def _judge(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         """The judge's verdicts (``JudgeWorker.judge``): 1 yes, 0 no or unparsable."""
