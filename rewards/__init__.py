@@ -4,14 +4,15 @@ A reward function takes, by name, any :class:`RewardInput` field (``response``, 
 ``data_source``, ``images``, ``videos``, ``extra``, ``prompt``, ``model_image_sizes``,
 ``response_tokens``, ``max_response_tokens``) or column of the sample's data row, and returns a float
 or a dict with a ``"score"``. It may be plain, batched (:func:`batched`) or ``async``.
-:func:`resolve` turns a config spec into one; :class:`RewardManager` scores batches with specs in
-worker processes, so that a plugin that raises, hangs, crashes or eats memory costs only its samples.
+:func:`resolve` turns a spec (a registered name, an installed plugin, ``path/to/file.py:function``)
+into one; :class:`RewardManager` calls them in worker processes, so that a plugin that raises, hangs,
+crashes or eats memory costs only its samples.
 """
 
-from rewards.manager import ComponentResult, RewardManager, RewardResult
+from rewards.manager import FunctionResult, RewardManager
 from rewards.registry import ENTRY_POINT_GROUP, available, load_from_file, register, resolve
-from rewards.types import REWARD_KEYWORDS, RewardFn, RewardInput, accepted_keywords, batched, call_reward_fn
-from rewards.compose import by_data_source, weighted
+from rewards.types import (REWARD_KEYWORDS, RewardFn, RewardInput, accepted_keywords, batched, call_reward_fn,
+                           prompt_text)
 from rewards.verifiers import (
     ANSWER_TAG,
     answer_match,
@@ -20,32 +21,25 @@ from rewards.verifiers import (
     format_reward,
     normalize,
 )
-from rewards import registry as _registry
-
-# Everything registered so far is registered in every worker process too (they import this package).
-_registry.snapshot_import_time_names()
 
 __all__ = [
     "ANSWER_TAG",
     "ENTRY_POINT_GROUP",
     "REWARD_KEYWORDS",
-    "ComponentResult",
+    "FunctionResult",
     "RewardFn",
     "RewardInput",
     "RewardManager",
-    "RewardResult",
     "accepted_keywords",
     "answer_match",
     "available",
     "batched",
-    "by_data_source",
     "call_reward_fn",
     "extract_answer",
     "format_answer",
     "format_reward",
-    "load_from_file",
     "normalize",
+    "prompt_text",
     "register",
     "resolve",
-    "weighted",
 ]

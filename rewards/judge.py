@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mmrl.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
+from rewards.types import prompt_text
 from rewards.verifiers import extract_answer
 
 TEMPLATE_FIELDS = ("question", "response", "ground_truth")
@@ -32,9 +33,9 @@ def judge_messages(messages: Sequence[dict[str, Any]], response: str, ground_tru
                    template: str) -> list[dict[str, Any]]:
     """The judge's chat: one user turn holding the prompt's media placeholders (in order), then the template
     filled with the prompt's text (``question``), the policy's ``response`` and the ``ground_truth``."""
-    texts = [m["content"] for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
-    placeholders = "".join(match.group(0) for text in texts for match in _MEDIA.finditer(text))
-    question = " ".join(" ".join(_MEDIA.sub(" ", text).split()) for text in texts)
+    text = prompt_text(list(messages))
+    placeholders = "".join(match.group(0) for match in _MEDIA.finditer(text))
+    question = " ".join(_MEDIA.sub(" ", text).split())
     body = template.format(question=question, response=response, ground_truth=ground_truth)
     return [{"role": "user", "content": placeholders + body}]
 

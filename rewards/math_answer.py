@@ -21,8 +21,9 @@ they reach the slow parts instead, scoring 0:
   :data:`MAX_SET_ELEMENTS` elements with variables, or hold an unevaluated integral, sum, product, limit
   or derivative.
 
-These limits are far above what a final answer needs. Any error inside math-verify or SymPy scores 0 as
-well.
+These limits are far above what a final answer needs. An answer math-verify cannot parse or compare
+scores 0 (it reports that by an empty parse or a failed comparison, not by raising); an exception that
+escapes is a fault, not a wrong answer, so it is raised and the reward stage counts it as an ``error``.
 """
 
 from __future__ import annotations
@@ -133,13 +134,10 @@ def math_answer(response: str, ground_truth: str) -> float:
     truth = ground_truth.strip() if truth is None else truth.strip()
     if not truth or not _is_small(answer) or not _is_small(truth):
         return 0.0
-    try:
-        gold, given = _parse(truth), _parse(answer)
-        if not gold or not given or not all(_is_tame(expr) for expr in gold + given):
-            return 0.0
-        return 1.0 if verify(gold, given, timeout_seconds=None) else 0.0
-    except Exception:  # noqa: BLE001 - any failure inside math-verify or SymPy means "not verified"
+    gold, given = _parse(truth), _parse(answer)
+    if not gold or not given or not all(_is_tame(expr) for expr in gold + given):
         return 0.0
+    return 1.0 if verify(gold, given, timeout_seconds=None) else 0.0
 
 
 def _is_small(answer: str) -> bool:

@@ -1,33 +1,34 @@
 """A pool of worker processes that run reward functions, so that no plugin can hurt the run.
 
-Workers are given specs (strings, plain dicts), never function objects: each worker resolves a spec
-itself and keeps the function. The parent sends a chunk of samples; the worker reports, per sample,
-when its call starts and what it produced (:func:`rewards.isolation.execute`). Every deadline is
-therefore the parent's to enforce, from another process, so it holds even when a plugin never
-releases the GIL:
+Workers are given specs (strings), never function objects: each worker resolves a spec itself and
+keeps the function. The parent sends a chunk of samples; the worker reports, per sample, when its call
+starts and what it produced (:func:`execute`). Every limit is therefore enforced by the parent, from
+another process, so it holds even when a plugin never releases the GIL:
 
-* a call running past ``timeout_s`` (plus a short grace) gets its worker SIGKILLed; that sample
-  times out, the chunk's samples not yet started go back to the queue, and a fresh worker takes the
-  free slot;
+* a call running past ``timeout_s`` (plus a short grace) gets its worker SIGKILLed; that sample times
+  out, the chunk's samples not yet started go back to the queue, and a fresh worker takes the slot;
 * a worker that dies (``os._exit``, a segfault, a SIGKILL from outside) fails the sample it was
   running ("crashed", with its exit code) and is replaced;
 * a worker whose resident memory passes ``max_memory_mb`` is killed ("memory").
 
 A kill or death fails every sample in flight in that worker: the one running for a plain function,
-all of the chunk's for a batched one or an async one (whose samples share an event loop). A spec that
-hangs or crashes its worker while loading fails all its samples of that call.
+all of the chunk's for a batched or an async one (whose samples share an event loop). A spec that
+hangs or crashes its worker while loading, or whose first calls (one per worker) all time out, fails
+the rest of its samples of that run at once: a broken plugin costs a step about one timeout.
 
-Once a worker has loaded a spec it reports which fields its function reads; from then on the
-parent leaves the bulky ones it does not read (images, videos, the row's columns) out of the chunks.
+Once a worker has loaded a spec it reports which fields its function reads; from then on the parent
+leaves the bulky ones it does not read (images, videos, the row's columns) out of the chunks.
 
-Workers are fresh interpreters, never forks of the driver (it has Ray and torch threads). They are
-not started with multiprocessing's spawn either: spawn re-imports the driver's ``__main__`` in every
-child, torch and all. A worker runs one line that imports :mod:`rewards.pool`, whose imports are light.
+Workers are fresh interpreters, never forks of the driver (it has Ray and torch threads), nor
+multiprocessing spawns (they re-import the driver's ``__main__``, torch and all): a worker runs one
+line that imports this module, whose imports are light.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -37,28 +38,31 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import weakref
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
+from typing import Any
 
 import psutil
 
-from rewards.isolation import GRACE_S, Item, Outcome, execute
 from rewards.registry import resolve
-from rewards.types import plan_call
+from rewards.types import (CallPlan, Outcome, RewardFn, RewardInput, bind, describe_fn, is_result_list, plan_call,
+                           to_plain)
 
-POLL_S = 0.02  # how often the parent checks deadlines while a call runs
-MEMORY_POLL_S = 0.05  # how often it reads the workers' resident memory
+POLL_S = 0.02  # how often the parent checks deadlines and memory while a call runs
 START_TIMEOUT_S = 60.0  # for a fresh worker to report ready
 LOAD_TIMEOUT_S = 60.0  # at least, for a worker to load a spec (a plugin's imports are not the reward call)
 MAX_START_FAILURES = 3  # workers in a row that die or hang before ready: the environment is broken
+GRACE_S = 0.25  # past timeout_s before a call is killed: an async function's own timeout reports first
 _BULKY_FIELDS = ("images", "videos", "extra")  # not sent to a function known not to take them
 
-Spec = str | Mapping
-Job = tuple[Spec, Sequence[Item]]  # one reward function's spec and the samples it scores
+Item = tuple[int, RewardInput]  # (the sample's index in the caller's batch, the sample)
+Job = tuple[str, Sequence[Item]]  # one reward function's spec and the samples it scores
+Emit = Callable[[tuple], None]  # gets ("start", index) before a call takes a sample, ("done", index, Outcome) after
 
 _BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
          "from rewards.pool import worker_main; worker_main(int(sys.argv[2]), int(sys.argv[3]))")
@@ -68,23 +72,25 @@ class RewardPool:
     """``num_workers`` reward worker processes, started on first use and replaced when they fail."""
 
     def __init__(self, num_workers: int = 2, max_memory_mb: float = 4096.0) -> None:
-        self.num_workers = num_workers
-        self.max_memory_mb = max_memory_mb
-        self.start_times: list[float] = []  # seconds from launch to ready, per worker started
+        self.num_workers, self.max_memory_mb = num_workers, max_memory_mb
         self._workers: list[_Worker] = []
         self._start_failures = 0
-        self._next_memory_check = 0.0
-        self._fields: dict[str, frozenset[str]] = {}  # spec key -> the RewardInput fields its function reads
+        self._fields: dict[str, frozenset[str]] = {}  # spec -> the RewardInput fields its function reads
         self._lock = threading.Lock()  # one run() at a time: the workers' state is the call's
         # Ends the workers on close(), garbage collection or interpreter exit; holds the list, not the pool.
         self._finalizer = weakref.finalize(self, _shutdown, self._workers)
 
+    @property
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self._workers]
+
     def start(self) -> float:
         """Start every missing worker now and wait until all are ready; returns the seconds it took."""
         began = time.monotonic()
-        self._fill()
-        while any(w.ready_at is None for w in self._workers):
-            self._step(None)
+        with self._lock:
+            self._fill()
+            while any(not w.ready for w in self._workers):
+                self._step(None)
         return time.monotonic() - began
 
     def run(self, jobs: Sequence[Job], timeout_s: float) -> list[dict[int, Outcome]]:
@@ -104,37 +110,32 @@ class RewardPool:
         """End the worker processes (idempotent); the pool cannot be used afterwards."""
         self._finalizer()
 
-    @property
-    def pids(self) -> list[int]:
-        return [w.proc.pid for w in self._workers]
-
     def _step(self, call: _Call | None) -> None:
         self._fill()
-        if call is not None:
-            self._assign(call)
-        self._receive(call)
-        self._enforce(call)
+        for worker in list(self._workers):
+            while call is not None and call.queue and worker in self._workers and worker.idle:
+                self._send(worker, call.queue.popleft(), call)
+        by_conn = {w.conn: w for w in self._workers}
+        for conn in wait(list(by_conn), timeout=POLL_S):
+            if not self._drain(by_conn[conn], call):
+                self._on_exit(by_conn[conn], call)
+        for worker in list(self._workers):
+            if worker in self._workers:
+                self._enforce(worker, call)
 
     def _fill(self) -> None:
         if not self._finalizer.alive:
-            raise RuntimeError("this reward pool is closed; create a new RewardManager")
+            raise RuntimeError("this reward pool is closed; create a new one")
         while len(self._workers) < self.num_workers:
             self._workers.append(_Worker())
 
-    # --- sending work ---------------------------------------------------------------------------
-
-    def _assign(self, call: _Call) -> None:
-        for worker in list(self._workers):
-            while call.queue and worker in self._workers and worker.idle:
-                self._send(worker, call.queue.popleft(), call)
-
     def _send(self, worker: _Worker, chunk: _Chunk, call: _Call) -> None:
-        load_failure = call.unloadable.get(_spec_key(chunk.spec))
-        if load_failure is not None:  # it already hung or crashed a worker while loading in this call
+        given_up = call.given_up.get(chunk.spec)
+        if given_up is not None:
             for index, _ in chunk.items:
-                call.record(chunk.job, index, load_failure)
+                call.record(chunk.job, index, given_up)
             return
-        items = _lighten(chunk.items, self._fields.get(_spec_key(chunk.spec)))
+        items = _lighten(chunk.items, self._fields.get(chunk.spec))
         try:
             payload = pickle.dumps(("chunk", chunk.spec, call.timeout_s, items), pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # a sample that does not pickle: find it by sending one at a time
@@ -150,102 +151,70 @@ class RewardPool:
             call.queue.appendleft(chunk)
             self._discard(worker)
             return
-        worker.take(chunk, time.monotonic() + max(call.timeout_s, LOAD_TIMEOUT_S))
-
-    # --- receiving reports --------------------------------------------------------------------------
-
-    def _receive(self, call: _Call | None) -> None:
-        by_conn = {w.conn: w for w in self._workers}
-        for conn in wait(list(by_conn), timeout=POLL_S):
-            worker = by_conn[conn]
-            if self._drain(worker, call):
-                self._on_exit(worker, call)
+        worker.chunk, worker.pending, worker.running = chunk, {i for i, _ in chunk.items}, {}
+        worker.load_deadline = time.monotonic() + max(call.timeout_s, LOAD_TIMEOUT_S)
 
     def _drain(self, worker: _Worker, call: _Call | None) -> bool:
-        """Handle every message waiting from ``worker``; True if its end of the channel is closed."""
+        """Handle every message waiting from ``worker``; False once its end of the channel is closed."""
         try:
             while worker.conn.poll():
                 self._handle(worker, worker.conn.recv(), call)
         except (EOFError, OSError):
-            return True
+            return False
         except Exception as exc:  # unpickling failed: nothing the worker sends should do that
             self._fail(worker, call, "crashed", f"the worker sent an unreadable message ({exc!r})")
-        return False
+        return True
 
     def _handle(self, worker: _Worker, message: tuple, call: _Call | None) -> None:
-        tag, now = message[0], time.monotonic()
+        tag, chunk = message[0], worker.chunk
         if tag == "ready":
-            worker.mark_ready(now)
-            self.start_times.append(now - worker.launched_at)
+            worker.mark_ready()
             self._start_failures = 0
+        elif chunk is None or call is None:
             return
-        chunk = worker.chunk
-        if chunk is None or call is None:
-            return
-        if tag == "loaded":
+        elif tag == "loaded":
             worker.load_deadline = None
-            self._fields[_spec_key(chunk.spec)] = frozenset(message[1])
+            self._fields[chunk.spec] = frozenset(message[1])
         elif tag == "start":
-            worker.running[message[1]] = now + call.timeout_s + GRACE_S
+            worker.running[message[1]] = time.monotonic() + call.timeout_s + GRACE_S
         elif tag == "done":
             index, outcome = message[1], message[2]
-            worker.finish(index)
-            if not isinstance(outcome, Outcome):
-                outcome = Outcome(failure="error", message=f"the worker reported a {type(outcome).__name__}")
-            call.returned[_spec_key(chunk.spec)] += 1
+            worker.pending.discard(index)
+            worker.running.pop(index, None)
+            call.returned[chunk.spec] += 1
             call.record(chunk.job, index, outcome)
-        elif tag in ("load_failed", "chunk_done"):
-            message_text = message[1] if tag == "load_failed" else "the worker finished without a result"
+        elif tag == "load_failed":
             for index in sorted(worker.pending):
-                call.record(chunk.job, index, Outcome(failure="error", message=message_text))
-            worker.release()
+                call.record(chunk.job, index, Outcome(failure="error", message=message[1]))
+            worker.pending = set()
+        if worker.chunk is not None and not worker.pending:
+            worker.chunk, worker.running, worker.load_deadline = None, {}, None  # idle again
 
-    # --- deadlines, memory and deaths ---------------------------------------------------------------
-
-    def _enforce(self, call: _Call | None) -> None:
+    def _enforce(self, worker: _Worker, call: _Call | None) -> None:
         now = time.monotonic()
-        check_memory = now >= self._next_memory_check
-        if check_memory:
-            self._next_memory_check = now + MEMORY_POLL_S
-        timeout_s = call.timeout_s if call is not None else 0.0
-        for worker in list(self._workers):
-            if worker.proc.poll() is not None:  # dead, its channel still open (a child of it holds it)
-                self._on_exit(worker, call)
-            elif worker.ready_at is None:
-                if now - worker.launched_at > START_TIMEOUT_S:
-                    self._start_failed(worker, f"did not report ready within {START_TIMEOUT_S:g} s")
-            elif worker.load_deadline is not None and now > worker.load_deadline:
-                self._fail(worker, call, "timeout",
-                           f"loading the reward function took over {LOAD_TIMEOUT_S:g} s")
-            elif worker.running and min(worker.running.values()) < now:
-                self._fail(worker, call, "timeout",
-                           f"did not return within {timeout_s:g} s; its worker process was killed")
-            elif check_memory:
-                self._check_memory(worker, call)
-
-    def _check_memory(self, worker: _Worker, call: _Call | None) -> None:
-        rss_mb = worker.rss_mb()
-        if rss_mb > self.max_memory_mb:
-            self._fail(worker, call, "memory",
-                       f"its worker's memory reached {rss_mb:.0f} MB, past "
-                       f"max_memory_mb={self.max_memory_mb:g}; the worker was killed")
+        if worker.proc.poll() is not None:  # dead, its channel still open (a child of it holds it)
+            self._on_exit(worker, call)
+        elif not worker.ready:
+            if now - worker.launched_at > START_TIMEOUT_S:
+                self._start_failed(worker, f"did not report ready within {START_TIMEOUT_S:g} s")
+        elif worker.load_deadline is not None and now > worker.load_deadline:
+            self._fail(worker, call, "timeout", f"loading the reward function took over {LOAD_TIMEOUT_S:g} s")
+        elif call is not None and worker.running and min(worker.running.values()) < now:
+            self._fail(worker, call, "timeout", f"did not return within {call.timeout_s:g} s; its worker process was killed")
+        elif (rss_mb := worker.rss_mb()) > self.max_memory_mb:
+            self._fail(worker, call, "memory", f"its worker's memory reached {rss_mb:.0f} MB, past "
+                                               f"max_memory_mb={self.max_memory_mb:g}; the worker was killed")
 
     def _on_exit(self, worker: _Worker, call: _Call | None) -> None:
+        if worker in self._workers:
+            self._drain(worker, call)  # reports sent before it died, e.g. that a call started
         if worker not in self._workers:
             return
-        self._drain_quietly(worker, call)  # reports sent before it died, e.g. that a call started
         code = worker.exit_code()
-        if worker.ready_at is None:
+        if not worker.ready:
             self._start_failed(worker, f"exited ({describe_exit(code)}) before it was ready")
         else:
             self._fail(worker, call, "crashed", f"its worker process died ({describe_exit(code)})")
-
-    def _drain_quietly(self, worker: _Worker, call: _Call | None) -> None:
-        try:
-            while worker.conn.poll():
-                self._handle(worker, worker.conn.recv(), call)
-        except Exception:
-            pass
 
     def _fail(self, worker: _Worker, call: _Call | None, kind: str, message: str) -> None:
         """Kill ``worker``; its samples in flight get ``kind``, its unstarted ones go back to the queue."""
@@ -256,13 +225,13 @@ class RewardPool:
         outcome = Outcome(failure=kind, message=message)
         loading = worker.load_deadline is not None
         if loading:
-            call.unloadable[_spec_key(chunk.spec)] = outcome
+            call.given_up[chunk.spec] = outcome
         # While the worker was still loading the spec (or reading the samples), they all were in flight.
         hit = set(worker.pending) if loading else set(worker.running)
         for index in sorted(hit):
             call.record(chunk.job, index, outcome)
         if kind == "timeout" and not loading:
-            call.note_timeout(_spec_key(chunk.spec), self.num_workers)
+            call.note_timeout(chunk.spec, self.num_workers)
         rest = [item for item in chunk.items if item[0] in worker.pending and item[0] not in hit]
         if rest:
             call.queue.appendleft(_Chunk(chunk.job, chunk.spec, rest))
@@ -295,7 +264,7 @@ def _lighten(items: list[Item], fields: frozenset[str] | None) -> list[Item]:
 @dataclass
 class _Chunk:
     job: int
-    spec: Spec
+    spec: str
     items: list[Item]
 
 
@@ -306,8 +275,8 @@ class _Call:
         self.timeout_s = timeout_s
         self.outcomes: list[dict[int, Outcome]] = [{} for _ in jobs]
         self.queue: deque[_Chunk] = deque()
-        self.unloadable: dict[str, Outcome] = {}  # spec key -> why its samples fail at once in this call
-        self.returned: Counter[str] = Counter()  # spec key -> calls that returned (whatever they returned)
+        self.given_up: dict[str, Outcome] = {}  # spec -> why its samples fail at once in this call
+        self.returned: Counter[str] = Counter()  # spec -> calls that returned (whatever they returned)
         self.timeouts: Counter[str] = Counter()
         self.remaining = 0
         for job, (spec, items) in enumerate(jobs):
@@ -316,13 +285,13 @@ class _Call:
                 self.queue.append(_Chunk(job, spec, list(items[start:start + size])))
             self.remaining += len(items)
 
-    def note_timeout(self, key: str, num_workers: int) -> None:
+    def note_timeout(self, spec: str, num_workers: int) -> None:
         """A function whose first ``num_workers`` calls of this call all timed out hangs: its other samples
         fail at once, so that a step waits about one timeout for it, not one per sample."""
-        self.timeouts[key] += 1
-        if self.timeouts[key] >= num_workers and not self.returned[key]:
-            self.unloadable[key] = Outcome(
-                failure="timeout", message=f"not run: this reward function's first {self.timeouts[key]} calls in "
+        self.timeouts[spec] += 1
+        if self.timeouts[spec] >= num_workers and not self.returned[spec]:
+            self.given_up[spec] = Outcome(
+                failure="timeout", message=f"not run: this reward function's first {self.timeouts[spec]} calls in "
                                            "this batch all timed out, so the rest of the batch was not tried")
 
     def record(self, job: int, index: int, outcome: Outcome) -> None:
@@ -337,14 +306,12 @@ class _Worker:
     def __init__(self) -> None:
         ours, theirs = Pipe()
         paths = json.dumps([p for p in sys.path if isinstance(p, str)])
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOT, paths, str(theirs.fileno()), str(os.getpid())],
-            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-        )
+        self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, paths, str(theirs.fileno()), str(os.getpid())],
+                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
         self.conn: Connection = ours
         self.launched_at = time.monotonic()
-        self.ready_at: float | None = None
+        self.ready = False
         self._process: psutil.Process | None = None
         self.chunk: _Chunk | None = None
         self.pending: set[int] = set()  # the chunk's samples without an outcome yet
@@ -353,28 +320,14 @@ class _Worker:
 
     @property
     def idle(self) -> bool:
-        return self.ready_at is not None and self.chunk is None
+        return self.ready and self.chunk is None
 
-    def mark_ready(self, now: float) -> None:
-        self.ready_at = now
+    def mark_ready(self) -> None:
+        self.ready = True
         try:
             self._process = psutil.Process(self.proc.pid)
         except psutil.Error:
             self._process = None
-
-    def take(self, chunk: _Chunk, load_deadline: float) -> None:
-        self.chunk = chunk
-        self.pending = {index for index, _ in chunk.items}
-        self.running = {}
-        self.load_deadline = load_deadline
-
-    def release(self) -> None:
-        """The chunk is done: the worker is idle."""
-        self.chunk, self.pending, self.running, self.load_deadline = None, set(), {}, None
-
-    def finish(self, index: int) -> None:
-        self.pending.discard(index)
-        self.running.pop(index, None)
 
     def rss_mb(self) -> float:
         try:
@@ -398,22 +351,19 @@ class _Worker:
 
 def describe_exit(code: int | None) -> str:
     """An exit status as a reader wants it: "exit code 1", "killed by SIGSEGV"."""
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 def _shutdown(workers: list[_Worker]) -> None:
     """Ask idle workers to exit, then kill whatever is left (a hung one cannot answer)."""
-    exit_message = pickle.dumps(("exit",))
     for worker in workers:
         try:
-            worker.conn.send_bytes(exit_message)
+            worker.conn.send_bytes(pickle.dumps(("exit",)))
         except OSError:
             pass
     deadline = time.monotonic() + 1.0
@@ -426,6 +376,128 @@ def _shutdown(workers: list[_Worker]) -> None:
     workers.clear()
 
 
+# --- calling a function on samples: in a worker process, or inline in the driver -----------------------
+
+
+def run_inline(fn: RewardFn, items: Sequence[Item], timeout_s: float) -> dict[int, Outcome]:
+    """:func:`execute` in this thread: protects from exceptions and bad values only. A call that returns
+    late is a timeout, but nothing stops one that never returns, or a crash, or its memory."""
+    done: dict[int, Outcome] = {}
+    execute(fn, items, timeout_s, lambda event: done.update({event[1]: event[2]}) if event[0] == "done" else None)
+    return done
+
+
+def execute(fn: RewardFn, items: Sequence[Item], timeout_s: float, emit: Emit) -> None:
+    """Call ``fn`` on every sample of ``items``, reporting each through ``emit``; never raises.
+
+    A plain function takes the samples one by one, a batched one in a single call, an async one
+    concurrently on one event loop. A call taking longer than ``timeout_s`` is a timeout even if it
+    returns (an async call is cancelled); one that never returns is the caller's to stop.
+    """
+    owner = describe_fn(fn)
+    try:
+        plan = plan_call(fn)
+    except TypeError as exc:
+        for index, _ in items:
+            emit(("done", index, raised(exc)))
+        return
+    if plan.batched:
+        _execute_batched(fn, plan, owner, items, timeout_s, emit)
+    elif plan.is_async:
+        asyncio.run(_execute_async(fn, plan, owner, items, timeout_s, emit))
+    else:
+        for index, inp in items:
+            emit(("start", index))
+            start = time.monotonic()
+            try:
+                result = fn(**bind(plan, inp, owner))
+                if inspect.isawaitable(result):  # e.g. a sync wrapper returning a coroutine
+                    result = asyncio.run(_within(result, timeout_s))
+                outcome = _returned(result, start, timeout_s)
+            except BaseException as exc:  # the plugin's failure is this sample's, whatever it is
+                outcome = raised(exc)
+            emit(("done", index, outcome))
+
+
+def _execute_batched(fn: RewardFn, plan: CallPlan, owner: str, items: Sequence[Item], timeout_s: float,
+                     emit: Emit) -> None:
+    indices, calls = [], []
+    for index, inp in items:
+        emit(("start", index))
+        try:
+            calls.append(bind(plan, inp, owner))
+            indices.append(index)
+        except TypeError as exc:
+            emit(("done", index, raised(exc)))
+    if not indices:
+        return
+    start = time.monotonic()
+    try:
+        results = fn(**{name: [kwargs[name] for kwargs in calls] for name in calls[0]})
+        if inspect.isawaitable(results):
+            results = asyncio.run(_within(results, timeout_s))
+        if results is _TIMED_OUT or time.monotonic() - start > timeout_s:
+            outcomes = [timed_out(timeout_s)] * len(indices)
+        elif not is_result_list(results) or len(results) != len(indices):
+            got = f"{len(results)} results" if is_result_list(results) else f"a {type(results).__name__}"
+            message = (f"batched reward function returned {got} for {len(indices)} samples; "
+                       "return a list with one result per sample")
+            outcomes = [Outcome(failure="bad_type", message=message)] * len(indices)
+        else:
+            outcomes = [Outcome(value=to_plain(result)) for result in results]
+    except BaseException as exc:
+        outcomes = [raised(exc)] * len(indices)
+    for index, outcome in zip(indices, outcomes):
+        emit(("done", index, outcome))
+
+
+async def _execute_async(fn: RewardFn, plan: CallPlan, owner: str, items: Sequence[Item], timeout_s: float,
+                         emit: Emit) -> None:
+    async def one(index: int, inp: RewardInput) -> None:
+        emit(("start", index))
+        start = time.monotonic()
+        try:
+            outcome = _returned(await _within(fn(**bind(plan, inp, owner)), timeout_s), start, timeout_s)
+        except BaseException as exc:
+            outcome = raised(exc)
+        emit(("done", index, outcome))
+
+    await asyncio.gather(*(one(index, inp) for index, inp in items))
+
+
+_TIMED_OUT = object()
+
+
+async def _within(awaitable: Any, timeout_s: float) -> Any:
+    """The awaitable's result, or _TIMED_OUT (after cancelling it) past ``timeout_s``.
+
+    Unlike asyncio.wait_for, a TimeoutError the plugin raises itself stays an error.
+    """
+    task = asyncio.ensure_future(awaitable)
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if not done:
+        task.cancel()
+        return _TIMED_OUT
+    return task.result()
+
+
+def _returned(result: object, start: float, timeout_s: float) -> Outcome:
+    if result is _TIMED_OUT or time.monotonic() - start > timeout_s:
+        return timed_out(timeout_s)
+    return Outcome(value=to_plain(result))
+
+
+def timed_out(timeout_s: float) -> Outcome:
+    return Outcome(failure="timeout", message=f"did not return within {timeout_s:g} s")
+
+
+def raised(exc: BaseException) -> Outcome:
+    """The outcome of a call that raised ``exc``, its message naming where in the plugin it was raised."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    return Outcome(failure="error", message=f"{type(exc).__name__}: {exc}{where}")
+
+
 # --- the worker process -------------------------------------------------------------------------------
 
 
@@ -434,48 +506,36 @@ def worker_main(fd: int, parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle; it ends the workers
     conn = Connection(fd)
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="mmrl-watch", daemon=True).start()
-    conn.send(("ready", os.getpid()))
-    functions: dict[str, object] = {}  # spec as JSON -> its function, or why it could not be loaded
+    conn.send(("ready",))
+    functions: dict[str, RewardFn | str] = {}  # spec -> its function, or why it could not be loaded
     while True:
         try:
-            data = conn.recv_bytes()
+            message = pickle.loads(conn.recv_bytes())
         except EOFError:
             return
-        try:
-            message = pickle.loads(data)
         except Exception as exc:
             conn.send(("load_failed", f"the worker could not read the samples ({type(exc).__name__}: {exc})"))
             continue
         if message[0] == "exit":
             return
         _, spec, timeout_s, items = message
-        fn = _load(functions, spec)
+        if spec not in functions:
+            try:
+                functions[spec] = resolve(spec)
+            except BaseException as exc:  # a plugin's import may raise anything, SystemExit included
+                functions[spec] = f"could not load reward {spec!r}: {type(exc).__name__}: {exc}"
+        fn = functions[spec]
         if isinstance(fn, str):
             conn.send(("load_failed", fn))
             continue
         conn.send(("loaded", _fields_read(fn)))
-        execute(fn, items, timeout_s, conn.send)  # type: ignore[arg-type]
-        conn.send(("chunk_done",))
+        execute(fn, items, timeout_s, conn.send)
 
 
-def _spec_key(spec: Spec) -> str:
-    return json.dumps(spec, sort_keys=True)
-
-
-def _load(functions: dict[str, object], spec: Spec) -> object:
-    key = _spec_key(spec)
-    if key not in functions:
-        try:
-            functions[key] = resolve(spec)
-        except BaseException as exc:  # a plugin's import may raise anything, SystemExit included
-            functions[key] = f"could not load reward {key}: {type(exc).__name__}: {exc}"
-    return functions[key]
-
-
-def _fields_read(fn: object) -> tuple[str, ...]:
+def _fields_read(fn: RewardFn) -> tuple[str, ...]:
     """The RewardInput fields a call of ``fn`` reads: those it takes, and ``extra`` for its row columns."""
     try:
-        plan = plan_call(fn)  # type: ignore[arg-type]
+        plan = plan_call(fn)
     except TypeError:
         return _BULKY_FIELDS  # it will fail on its own; send everything
     return plan.fields + (("extra",) if plan.columns else ())

@@ -1,15 +1,14 @@
 """Turning a reward spec from a config into a reward function.
 
-A spec is plain data (so that a worker process can resolve it itself), one of:
+A spec is a string (so that a worker process can resolve it itself), one of:
 
 * a registered name, e.g. ``"answer_match"`` (see :func:`available`), or the name of an installed
   plugin (entry-point group ``mmrl.rewards``);
 * ``"path/to/file.py:function"``, a function in a Python file (a relative path is taken from the
-  working directory);
-* ``{"weighted": {"answer_match": 0.9, "format": 0.1}}``, a weighted sum of specs (one function);
-* ``{"by_data_source": {"geo/count": "count_match", "ocr": "my/ocr.py:score"}, "default": "answer_match"}``:
-  each sample is scored by the spec its ``data_source`` names, any other source by ``default``
-  (required).
+  working directory).
+
+Several of them, weighted (``reward.weights``) or per data source (``reward.verifiers``), are the
+reward stage's to combine (:mod:`mmrl.trainer.reward_stage`).
 
 Installed packages add names through the ``mmrl.rewards`` entry-point group,
 e.g. in their pyproject.toml::
@@ -18,31 +17,26 @@ e.g. in their pyproject.toml::
     my_reward = "my_package.rewards:score"
 
 A name registered with :func:`register` by the driver's own code exists in that process only: worker
-processes know the names registered on ``import rewards`` and the installed plugins.
+processes know the built-in names and the installed plugins.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
-import math
-import numbers
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
 
 from rewards.types import RewardFn, describe_fn
-from rewards.compose import by_data_source, weighted
 from rewards.verifiers import BUILTINS
 
 ENTRY_POINT_GROUP = "mmrl.rewards"
-_SPEC_FORMS = ("a registered name, 'path/to/file.py:function', {'weighted': {spec: weight, ...}} or "
-               "{'by_data_source': {data_source: spec, ...}, 'default': spec}")
-Spec = str | Mapping  # see the module docstring
+_SPEC_FORMS = "a registered name, an installed plugin's name or 'path/to/file.py:function'"
 
 F = TypeVar("F", bound=Callable)
 
@@ -78,14 +72,10 @@ def available() -> list[str]:
     return sorted(set(_REGISTRY) | set(_plugin_entry_points()))
 
 
-def resolve(spec: Spec | RewardFn) -> RewardFn:
+def resolve(spec: str | RewardFn) -> RewardFn:
     """The reward function a spec names (a callable is returned as is)."""
-    if isinstance(spec, Mapping):
-        return _resolve_mapping(spec)
     if isinstance(spec, str):
-        if is_file_spec(spec):
-            return load_from_file(spec)
-        return _resolve_name(spec)
+        return load_from_file(spec) if is_file_spec(spec) else _resolve_name(spec)
     if callable(spec):
         return spec
     raise TypeError(f"reward spec must be {_SPEC_FORMS}; got a {type(spec).__name__}: {spec!r}")
@@ -96,89 +86,36 @@ def is_file_spec(spec: str) -> bool:
     return spec.endswith(".py") or (":" in spec and spec.rsplit(":", 1)[0].endswith(".py"))
 
 
-def _resolve_mapping(spec: Mapping) -> RewardFn:
-    form = _mapping_form(spec)
-    if form == "weighted":
-        return weighted(spec["weighted"])
-    return by_data_source(spec["by_data_source"], spec["default"])
+def check_spec(spec: object, for_workers: bool = False) -> None:
+    """Check a spec without running any plugin code: its form, that its name is known or its file exists.
 
-
-def _mapping_form(spec: Mapping) -> str:
-    if set(spec) == {"weighted"}:
-        return "weighted"
-    if set(spec) == {"by_data_source", "default"}:
-        return "by_data_source"
-    raise ValueError(
-        "a dict reward spec must be {'weighted': {spec: weight, ...}} or "
-        f"{{'by_data_source': {{data_source: spec, ...}}, 'default': spec}}; "
-        f"got keys {sorted(map(str, spec))}"
-    )
-
-
-def check_spec(spec: object) -> None:
-    """Check a spec without running any plugin code: its form, that its names are known and its files exist.
-
-    Raises TypeError or ValueError as :func:`resolve` would for the mistakes it can see; whether a
-    file defines the function is only known once a worker imports it.
+    ``for_workers``: also refuse a name registered by this process's own code after ``import rewards``
+    (:func:`register`), which a fresh worker process does not know. Raises TypeError or ValueError as
+    :func:`resolve` would for the mistakes it can see; whether a file defines the function is only
+    known once it is imported.
     """
-    if isinstance(spec, Mapping):
-        if _mapping_form(spec) == "weighted":
-            _check_weights(spec["weighted"])
-        else:
-            _check_table(spec["by_data_source"])
-            check_spec(spec["default"])
-    elif isinstance(spec, str):
-        if is_file_spec(spec):
-            _split_file_spec(spec)
-        elif spec not in _REGISTRY and spec not in _plugin_entry_points():
-            raise ValueError(f"unknown reward {spec!r}; valid names: {available()}; or give {_SPEC_FORMS}")
-    else:
+    if not isinstance(spec, str):
         raise TypeError(f"reward spec must be {_SPEC_FORMS}; got a {type(spec).__name__}: {spec!r}")
+    if is_file_spec(spec):
+        _split_file_spec(spec)
+        return
+    plugins = _plugin_entry_points()
+    if spec not in _REGISTRY and spec not in plugins:
+        raise ValueError(f"unknown reward {spec!r}; valid names: {available()}; or give {_SPEC_FORMS}")
+    if for_workers and spec not in BUILTINS and spec not in plugins:
+        raise ValueError(
+            f"reward {spec!r} was registered by this process's code (rewards.register), so worker processes "
+            "do not know it; give it as 'path/to/file.py:function', install it under the 'mmrl.rewards' "
+            "entry-point group, or use isolation='inline'"
+        )
 
 
-def _check_weights(weights: object) -> None:
-    if not isinstance(weights, Mapping) or not weights:
-        raise ValueError(f"'weighted' needs a non-empty dict of reward spec -> weight, got {weights!r}")
-    for name, weight in weights.items():
-        if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
-            raise TypeError(f"the weight of reward {name!r} must be a finite number, got {weight!r}")
-        check_spec(name)
-
-
-def _check_table(table: object) -> None:
-    if not isinstance(table, Mapping):
-        raise TypeError(f"'by_data_source' must map a data_source to a reward spec, got {table!r}")
-    for source, spec in table.items():
-        if not isinstance(source, str):
-            raise TypeError(f"'by_data_source': data_source {source!r} is not a string")
-        check_spec(spec)
-
-
-def absolute_spec(spec: Spec) -> Spec:
-    """A checked ``spec`` with every file path made absolute, for a process in another directory."""
-    if isinstance(spec, str):
-        if not is_file_spec(spec):
-            return spec
-        path, _, function = spec.rpartition(":")
-        return f"{Path(path).expanduser().absolute()}:{function}"
-    if _mapping_form(spec) == "weighted":
-        return {"weighted": {absolute_spec(name): weight for name, weight in spec["weighted"].items()}}
-    table = {source: absolute_spec(inner) for source, inner in spec["by_data_source"].items()}
-    return {"by_data_source": table, "default": absolute_spec(spec["default"])}
-
-
-def snapshot_import_time_names() -> None:
-    """Record the names known once ``rewards`` is imported: those a fresh worker process knows too."""
-    global _IMPORT_TIME_NAMES
-    _IMPORT_TIME_NAMES = frozenset(_REGISTRY)
-
-
-def registered_here_only(name: str) -> bool:
-    """Whether ``name`` was registered by this process's own code after import (unknown to a worker)."""
-    return name in _REGISTRY and name not in _IMPORT_TIME_NAMES and name not in _plugin_entry_points()
-
-
-_IMPORT_TIME_NAMES: frozenset[str] = frozenset()
+def absolute_spec(spec: str) -> str:
+    """A checked ``spec`` with its file path made absolute, for a process in another directory."""
+    if not is_file_spec(spec):
+        return spec
+    path, _, function = spec.rpartition(":")
+    return f"{Path(path).expanduser().absolute()}:{function}"
 
 
 def _resolve_name(name: str) -> RewardFn:

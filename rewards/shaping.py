@@ -4,7 +4,7 @@
 ``overlong_penalty`` is DAPO's soft overlong punishment (Yu et al. 2025, "DAPO: An Open-Source LLM
 Reinforcement Learning System at Scale"): 0 up to ``max_response_tokens - cache`` tokens, then falling
 linearly to -1 at ``max_response_tokens``. Both are meant to be added to a correctness verifier with
-``{"weighted": {...}}``.
+``reward.weights``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a reward function receives and how mmrl calls it.
+"""What a reward function receives, how mmrl calls it, and which results it accepts.
 
 A reward function takes, by name, any of the fields of :class:`RewardInput` (``response``,
 ``ground_truth``, ``data_source``, ``images``, ``videos``, ``extra``, ``prompt``,
@@ -15,6 +15,9 @@ Three kinds of function are called differently:
 * batched (marked with :func:`batched`): one call per chunk of samples, every keyword a list with one
   entry per sample, returning a list of results of the same length;
 * async (``async def``): many samples awaited concurrently on one event loop.
+
+A result is checked by :func:`check_result`: it must be a number or such a dict (else ``bad_type``),
+finite in float32 (else ``non_finite``) and at most ``max_abs_score`` in size (else ``out_of_range``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ RewardFn = Callable[..., Any]
 F = TypeVar("F", bound=Callable[..., Any])
 
 BATCHED_ATTR = "__mmrl_batched__"
+FAILURE_KINDS: tuple[str, ...] = (
+    "timeout", "error", "crashed", "memory", "bad_type", "non_finite", "out_of_range",
+)
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 @dataclass(frozen=True)
@@ -44,44 +51,35 @@ class RewardInput:
     videos: list = field(default_factory=list)  # the prompt's mmrl.schema.Video (frames, timestamps)
     extra: dict = field(default_factory=dict)  # the data row's other columns
     _: KW_ONLY
-    prompt: str = ""  # the text of the prompt's user turns
+    prompt: str = ""  # the text of the prompt's user turns (see prompt_text)
     model_image_sizes: list = field(default_factory=list)  # per image, (width, height) resized for the model
     response_tokens: int = 0  # length of the response in tokens
     max_response_tokens: int = 0  # the generation limit (0: unknown)
 
     def __post_init__(self) -> None:
-        for name, expected in _FIELD_TYPES.items():
-            value = getattr(self, name)
+        for f in fields(self):
+            value, expected = getattr(self, f.name), _FIELD_TYPES[f.name]
             if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
                 raise TypeError(
-                    f"RewardInput.{name} must be a {expected.__name__}, got {type(value).__name__}; "
-                    f"convert it when building the input, e.g. {name}={expected.__name__}(...)"
+                    f"RewardInput.{f.name} must be a {expected.__name__}, got {type(value).__name__}; "
+                    f"convert it when building the input, e.g. {f.name}={expected.__name__}(...)"
                 )
         for name in ("response_tokens", "max_response_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"RewardInput.{name} must be >= 0, got {getattr(self, name)}")
 
-    def as_kwargs(self) -> dict[str, Any]:
-        """All fields as the keyword arguments a reward function may take."""
-        return {name: getattr(self, name) for name in REWARD_KEYWORDS}
-
 
 _FIELD_TYPES: dict[str, type] = {
-    "response": str,
-    "ground_truth": str,
-    "data_source": str,
-    "images": list,
-    "videos": list,
-    "extra": dict,
-    "prompt": str,
-    "model_image_sizes": list,
-    "response_tokens": int,
-    "max_response_tokens": int,
+    "response": str, "ground_truth": str, "data_source": str, "images": list, "videos": list, "extra": dict,
+    "prompt": str, "model_image_sizes": list, "response_tokens": int, "max_response_tokens": int,
 }
 REWARD_KEYWORDS: tuple[str, ...] = tuple(f.name for f in fields(RewardInput))
-
-_KEYWORD_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 _REQUIRED = inspect.Parameter.empty
+
+
+def prompt_text(messages: list[dict]) -> str:
+    """The text of a prompt's user turns, one per line (media placeholders included)."""
+    return "\n".join(m["content"] for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str))
 
 
 def batched(fn: F) -> F:
@@ -119,11 +117,11 @@ def plan_call(fn: RewardFn) -> CallPlan:
     """
     if not callable(fn):
         raise TypeError(f"reward function {fn!r} is not callable; pass a function or a registered name")
-    kind = {"batched": getattr(fn, BATCHED_ATTR, False) is True, "is_async": _is_async(fn)}
+    is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    kind = {"batched": getattr(fn, BATCHED_ATTR, False) is True, "is_async": is_async}
     try:
         params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        # Some C-implemented callables have no introspectable signature.
+    except (TypeError, ValueError):  # some C-implemented callables have no introspectable signature
         return CallPlan(fields=REWARD_KEYWORDS, columns=(), **kind)
     for p in params:
         if p.kind is inspect.Parameter.POSITIONAL_ONLY and p.default is _REQUIRED:
@@ -133,16 +131,12 @@ def plan_call(fn: RewardFn) -> CallPlan:
             )
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return CallPlan(fields=REWARD_KEYWORDS, columns=(), **kind)
-    named = [p for p in params if p.kind in _KEYWORD_KINDS]
+    named = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
     return CallPlan(
         fields=tuple(p.name for p in named if p.name in REWARD_KEYWORDS),
         columns=tuple((p.name, p.default) for p in named if p.name not in REWARD_KEYWORDS),
         **kind,
     )
-
-
-def _is_async(fn: object) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
 
 
 def accepted_keywords(fn: RewardFn) -> frozenset[str]:
@@ -180,29 +174,24 @@ def call_reward_fn(fn: RewardFn, inp: RewardInput) -> dict[str, float]:
     Returns a dict with ``"score"`` first, every value a float (NaN/inf are passed through; the caller
     decides what to do with them).
     """
-    plan = plan_call(fn)
-    owner = describe_fn(fn)
+    plan, owner = plan_call(fn), describe_fn(fn)
     kwargs = bind(plan, inp, owner)
     if plan.batched:
-        results = fn(**{name: [value] for name, value in kwargs.items()})
-        results = run_awaitable(results) if inspect.isawaitable(results) else results
-        if not is_result_list(results) or len(results) != 1:
-            raise TypeError(f"batched reward function {owner} returned {_kind_of(results)} for 1 sample; "
+        kwargs = {name: [value] for name, value in kwargs.items()}
+    result = fn(**kwargs)
+    if inspect.isawaitable(result):
+        result = asyncio.run(_awaited(result))
+    if plan.batched:
+        if not is_result_list(result) or len(result) != 1:
+            got = f"{len(result)} results" if is_result_list(result) else f"a {type(result).__name__}"
+            raise TypeError(f"batched reward function {owner} returned {got} for 1 sample; "
                             "return a list with one float or dict per sample")
-        result = list(results)[0]
-    else:
-        result = fn(**kwargs)
-        result = run_awaitable(result) if inspect.isawaitable(result) else result
+        result = list(result)[0]
     return normalize_result(result, owner)
 
 
-def run_awaitable(awaitable: Any, timeout_s: float | None = None) -> Any:
-    """Run a coroutine (or other awaitable) to completion on a new event loop."""
-
-    async def wait() -> Any:
-        return await asyncio.wait_for(awaitable, timeout_s)
-
-    return asyncio.run(wait())
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
 def is_result_list(value: object) -> bool:
@@ -212,8 +201,16 @@ def is_result_list(value: object) -> bool:
     return hasattr(value, "__len__") and hasattr(value, "__iter__")
 
 
-def _kind_of(value: object) -> str:
-    return f"{len(value)} results" if is_result_list(value) else f"a {type_name(value)}"  # type: ignore
+# --- results ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one call on one sample produced: a value (plain data, see :func:`to_plain`) or a failure."""
+
+    value: object = None
+    failure: str | None = None  # one of FAILURE_KINDS
+    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -224,7 +221,7 @@ class Unsendable:
 
 
 def to_plain(result: object) -> object:
-    """A function's result reduced to plain data for the parent to validate.
+    """A function's result reduced to plain data for the parent to check.
 
     Numbers become floats, a mapping with string keys a dict of floats, and anything else (or a
     non-numeric value inside a mapping) an :class:`Unsendable` naming its type. Nothing of the
@@ -240,13 +237,6 @@ def to_plain(result: object) -> object:
     return Unsendable(type(result).__name__)
 
 
-def _to_float(value: Any) -> float:
-    try:
-        return float(value)
-    except OverflowError:  # an int beyond float's range
-        return math.copysign(math.inf, value)
-
-
 def normalize_result(result: object, owner: str) -> dict[str, float]:
     """Turn a float-or-dict result into ``{"score": ..., ...}``; raise TypeError for any other shape.
 
@@ -255,30 +245,46 @@ def normalize_result(result: object, owner: str) -> dict[str, float]:
     if _is_number(result):
         return {"score": _to_float(result)}
     if not isinstance(result, Mapping):
-        raise TypeError(
-            f"reward function {owner} returned a {type_name(result)}; "
-            'return a float or a dict like {"score": 1.0, "other": 0.5}'
-        )
+        raise TypeError(f"reward function {owner} returned a {_type_name(result)}; "
+                        'return a float or a dict like {"score": 1.0, "other": 0.5}')
     if "score" not in result:
-        raise TypeError(
-            f"reward function {owner} returned a dict without 'score' (keys: {sorted(map(str, result))}); "
-            'add the total reward under "score"'
-        )
+        raise TypeError(f"reward function {owner} returned a dict without 'score' (keys: {sorted(map(str, result))}); "
+                        'add the total reward under "score"')
     bad = [key for key, value in result.items() if not isinstance(key, str) or not _is_number(value)]
     if bad:
-        raise TypeError(
-            f"reward function {owner} returned non-numeric values for keys {bad!r}; "
-            "every value of the returned dict must be a float"
-        )
+        raise TypeError(f"reward function {owner} returned non-numeric values for keys {bad!r}; "
+                        "every value of the returned dict must be a float")
     parts = {key: _to_float(value) for key, value in result.items() if key != "score"}
     return {"score": _to_float(result["score"]), **parts}
 
 
-def type_name(value: object) -> str:
-    """The type of a returned value, also when it arrived as an :class:`Unsendable`."""
+def check_result(outcome: Outcome, owner: str, max_abs_score: float) -> tuple[dict[str, float], Outcome | None]:
+    """The values of a call that returned, or the failure it is (its own, or what is wrong with its value)."""
+    if outcome.failure is not None:
+        return {}, outcome
+    try:
+        values = normalize_result(outcome.value, owner)
+    except TypeError as exc:
+        return {}, Outcome(failure="bad_type", message=str(exc))
+    # Finite, and still finite once training turns it into float32 (1e39 would become inf).
+    if not all(math.isfinite(v) and abs(v) <= FLOAT32_MAX for v in values.values()):
+        return {}, Outcome(failure="non_finite", message=f"returned {values}: NaN, inf or beyond float32's range")
+    if abs(values["score"]) > max_abs_score:
+        return {}, Outcome(failure="out_of_range", message=f"returned score {values['score']:g}, "
+                                                           f"beyond max_abs_score={max_abs_score:g}")
+    return values, None
+
+
+def _type_name(value: object) -> str:
     return value.type_name if isinstance(value, Unsendable) else type(value).__name__
 
 
+def _to_float(value: Any) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond float's range
+        return math.copysign(math.inf, value)
+
+
 def _is_number(value: object) -> bool:
-    # numbers.Real covers int, float, bool and NumPy scalars.
-    return isinstance(value, numbers.Real)
+    return isinstance(value, numbers.Real)  # int, float, bool and NumPy scalars

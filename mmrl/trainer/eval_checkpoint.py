@@ -13,7 +13,7 @@ from mmrl.rollout.samples import generate_samples
 from mmrl.tracking import Tracker
 from mmrl.trainer.dataset import load_rows
 from mmrl.trainer.evaluation import EvalResult, evaluate, samples_html, samples_table
-from mmrl.trainer.reward_stage import Verifier
+from mmrl.trainer.reward_stage import RewardStage
 
 
 def evaluate_checkpoint(cfg: Config, checkpoint: str, split: str) -> EvalResult:
@@ -26,11 +26,11 @@ def evaluate_checkpoint(cfg: Config, checkpoint: str, split: str) -> EvalResult:
         return generate_samples(engine, processor, prompts, params)
 
     rows = load_rows(cfg.data.dir, split)
-    verifier = Verifier(cfg.reward, int(processor.image_processor.patch_size))
+    rewards = RewardStage(cfg.reward, patch_size=int(processor.image_processor.patch_size))
     try:
-        return evaluate(generate, rows, verifier, cfg.eval.batch_size, cfg.eval.max_new_tokens)
+        return evaluate(generate, rows, rewards.verify, cfg.eval.batch_size, cfg.eval.max_new_tokens)
     finally:
-        verifier.close()
+        rewards.close()
         engine.shutdown()
 
 

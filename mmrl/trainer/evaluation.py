@@ -9,12 +9,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
 from mmrl.trainer.dataset import rows_to_batch
-from mmrl.trainer.reward_stage import Verifier
+from rewards import prompt_text
 
 GenerateFn = Callable[[Batch, SamplingParams], Batch]
+VerifyFn = Callable[[Batch], torch.Tensor]  # samples -> (B,) verdicts, 1 = correct (RewardStage.verify)
 
 
 @dataclass
@@ -34,7 +37,7 @@ class EvalResult:
         return "accuracy: " + ", ".join(parts)
 
 
-def evaluate(generate: GenerateFn, rows: list[dict[str, Any]], verifier: Verifier, batch_size: int,
+def evaluate(generate: GenerateFn, rows: list[dict[str, Any]], verify: VerifyFn, batch_size: int,
              max_new_tokens: int, num_samples: int = 16) -> EvalResult:
     """Greedy answers for ``rows``; a prompt's accuracy is its verifier score (1 = correct)."""
     params = SamplingParams(n=1, greedy=True, max_new_tokens=max_new_tokens)
@@ -43,7 +46,7 @@ def evaluate(generate: GenerateFn, rows: list[dict[str, Any]], verifier: Verifie
     for start in range(0, len(rows), batch_size):
         prompts = rows_to_batch(rows[start : start + batch_size])
         out = generate(prompts, params)
-        scores = verifier.correct(prompts.union(out.select_fields("response_text")))
+        scores = verify(prompts.union(out.select_fields("response_text"))).tolist()
         for i, (text, score) in enumerate(zip(out["response_text"], scores)):
             correct[prompts["data_source"][i]].append(score)
             if len(samples) < num_samples:
@@ -57,11 +60,10 @@ def evaluate(generate: GenerateFn, rows: list[dict[str, Any]], verifier: Verifie
 
 def _sample_row(prompts: Batch, i: int, response: str, reward: float) -> dict[str, Any]:
     """One row of the rollout table; its picture is the first image, else the first frame of the first video."""
-    question = " ".join(m["content"] for m in prompts["messages"][i] if m["role"] == "user")
     videos = prompts["videos"][i] if "videos" in prompts.objects else []
     picture = prompts["images"][i][0] if prompts["images"][i] else (videos[0]["frames"][0] if videos else b"")
     return {
-        "prompt": question,
+        "prompt": prompt_text(prompts["messages"][i]),
         "image_png": picture,
         "response": response,
         "answer": prompts["answer"][i],

@@ -38,7 +38,7 @@ from mmrl.trainer.dataset import PromptLoader, load_rows
 from mmrl.trainer.evaluation import EvalResult, evaluate, samples_html, samples_table
 from mmrl.trainer.metrics import non_finite, step_metrics, timing_metrics, value_metrics
 from mmrl.trainer.plots import plot_curves
-from mmrl.trainer.reward_stage import CombinedReward, JudgeReward, ModelReward, RewardStage, RuleReward, Verifier
+from mmrl.trainer.reward_stage import RewardStage
 from mmrl.trajectory import place_on_last_token, policy_mask
 from mmrl.workers.actor import on_policy
 from mmrl.workers.critic import CriticWorker
@@ -82,10 +82,8 @@ class RLTrainer:
         patch_size = int(load_processor(self.checkpoint).image_processor.patch_size)
         if reward.model.path:
             check_same_tokenizer(self.checkpoint, reward.model.path)
-        self.rules = None
-        if reward.weights or reward.function != "none":
-            self.rules = RuleReward(reward, cfg.rollout.max_new_tokens, patch_size)
-        self.verifier = Verifier(reward, patch_size)
+        # One per run: its reward worker processes outlive a recovery's new worker groups.
+        self.reward = RewardStage(reward, max_response_tokens=cfg.rollout.max_new_tokens, patch_size=patch_size)
         self.train_rows = load_rows(cfg.data.dir, "train")
         self.val_rows = load_rows(cfg.data.dir, "val", limit=cfg.trainer.val_size)
         self.checkpoints = CheckpointManager(cfg.trainer.out_dir, cfg.trainer.keep_last)
@@ -133,16 +131,9 @@ class RLTrainer:
         self.reward = self.build_reward()
 
     def build_reward(self) -> RewardStage:
-        """The training reward: the rule part, and the reward model's and the judge's on their groups."""
-        reward = self.cfg.reward
-        parts: list[tuple[str, float, RewardStage]] = []
-        if self.rules is not None:
-            parts.append(("rules", 1.0, self.rules))
-        if "reward_model" in self.groups:
-            parts.append(("model", reward.model.weight, ModelReward(self.groups["reward_model"])))
-        if "judge" in self.groups:
-            parts.append(("judge", reward.judge.weight, JudgeReward(self.groups["judge"])))
-        return CombinedReward(parts)
+        """The run's reward stage, scoring with this set of workers' reward-model and judge groups."""
+        self.reward.connect(model=self.groups.get("reward_model"), judge=self.groups.get("judge"))
+        return self.reward
 
     # ---- the loop -----------------------------------------------------------------------------
 
@@ -248,14 +239,12 @@ class RLTrainer:
         return {"actor/reward_kl": kl, "actor/reward_kl_coef": coef}
 
     def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """The reward stage's scores as ``token_level_rewards`` (on each response's last token), the
-        reward metrics and the verifier's ``train/acc``."""
-        scores, metrics = self.reward.score(batch)
-        batch.tensors["token_level_rewards"] = place_on_last_token(scores, policy_mask(batch))
-        correct = self.verifier.correct(batch)
-        batch.tensors["correct"] = torch.tensor(correct, dtype=torch.float32)
-        metrics["train/acc"] = sum(correct) / len(correct)
-        return batch, metrics
+        """The reward stage's scores as ``token_level_rewards`` (on each response's last policy token), the
+        verifier's ``correct``, and the reward metrics (``train/acc`` among them)."""
+        out = self.reward.score(batch)
+        batch.tensors["token_level_rewards"] = place_on_last_token(out.scores, policy_mask(batch))
+        batch.tensors["correct"] = out.correct
+        return batch, out.metrics
 
     def update(self, batch: Batch) -> dict[str, float]:
         """The critic's update and, when the algorithm trains the actor this step, the actor's, unless a reward
@@ -359,7 +348,7 @@ class RLTrainer:
     def validate(self, tracker: Tracker, step: int) -> dict[str, float]:
         with self.timer("val"):
             self.sync_weights(wake=True)
-            result: EvalResult = evaluate(self.workers.generate_once, self.val_rows, self.verifier,
+            result: EvalResult = evaluate(self.workers.generate_once, self.val_rows, self.reward.verify,
                                           self.cfg.eval.batch_size, self.cfg.eval.max_new_tokens)
             self.workers.release_engine()
         tracker.log_dict(samples_table(result.samples), f"rollouts/step_{step:05d}.json")
@@ -381,9 +370,7 @@ class RLTrainer:
     def close(self) -> None:
         """Stop the worker groups and the reward processes."""
         self.shutdown()
-        for manager in (self.rules, self.verifier):
-            if manager is not None:
-                manager.close()
+        self.reward.close()
 
 
 def run_rl(cfg: Config) -> dict[str, float]:

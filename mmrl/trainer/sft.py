@@ -24,7 +24,7 @@ from mmrl.rollout.samples import encode_rows, generate_samples
 from mmrl.tracking import Tracker
 from mmrl.trainer.dataset import load_rows, rows_to_batch
 from mmrl.trainer.evaluation import evaluate
-from mmrl.trainer.reward_stage import Verifier
+from mmrl.trainer.reward_stage import RewardStage
 from mmrl.trainer.supervised import train_steps
 from mmrl.workers.model_builder import build_model
 
@@ -92,12 +92,12 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     tracker = Tracker(cfg, cfg.trainer.experiment, "sft", stage="sft")
     try:
         trainer.train(tracker)
-        verifier = Verifier(cfg.reward, int(trainer.processor.image_processor.patch_size))
+        rewards = RewardStage(cfg.reward, patch_size=int(trainer.processor.image_processor.patch_size))
         try:
             val = evaluate(trainer.generate, load_rows(cfg.data.dir, "val", cfg.trainer.val_size),
-                           verifier, cfg.eval.batch_size, cfg.eval.max_new_tokens)
+                           rewards.verify, cfg.eval.batch_size, cfg.eval.max_new_tokens)
         finally:
-            verifier.close()
+            rewards.close()
         tracker.log_metrics(val.metrics("val"), cfg.sft.steps)
         path = save_checkpoint(trainer.model, trainer.processor, Path(cfg.sft.out_dir) / "checkpoint")
         tracker.finish()

@@ -1,5 +1,5 @@
-"""The driver's reward stage (a plugin that raises or returns NaN scores 0 and is counted) and the
-per-data_source verifier behind every accuracy."""
+"""The driver's reward stage (a plugin that raises or returns NaN scores 0 and is counted), the
+per-data_source verifier behind every accuracy, and one call of a function per sample for both."""
 
 import io
 
@@ -10,8 +10,8 @@ import pytest
 
 from mmrl.config import ConfigError, RewardConfig, load_config
 from mmrl.protocol import Batch
-from mmrl.trainer.reward_stage import (CombinedReward, RewardFailure, RuleReward, Verifier, model_image_size,
-                                       place_on_last_token, reward_inputs)
+from mmrl.trainer.reward_stage import (RewardFailure, RewardStage, model_image_size,
+                                       reward_inputs, weighted_sum)
 
 
 def png(rgb) -> bytes:
@@ -39,10 +39,11 @@ def test_plugin_failures_score_zero_and_are_counted(tmp_path):
         "images": [images] * 4,
         "extra": [{}] * 4,
     })
-    stage = RuleReward(RewardConfig(function=f"{plugin}:score", timeout_s=5, num_workers=1))
-    scores, metrics = stage.score(batch)
+    stage = RewardStage(RewardConfig(function=f"{plugin}:score", timeout_s=5, num_workers=1))
+    out = stage.score(batch)
     stage.close()
-    assert scores.tolist() == [2.0, 0.0, 0.0, 1.0]
+    scores, metrics = out.scores, out.metrics
+    assert scores.dtype == torch.float32 and scores.tolist() == [2.0, 0.0, 0.0, 1.0]
     assert metrics["reward/my_reward.score/failures/error"] == 1
     assert metrics["reward/my_reward.score/failures/non_finite"] == 1
     assert metrics["reward/my_reward.score/red"] == 1.0 and metrics["reward/failed_samples"] == 2
@@ -53,16 +54,15 @@ def test_weighted_rewards_from_config():
         "response_text": ["<answer>red</answer>", "red", "<answer>blue</answer>"],
         "answer": ["red"] * 3, "data_source": ["s"] * 3, "images": [[]] * 3, "extra": [{}] * 3,
     })
-    stage = RuleReward(RewardConfig(weights={"answer_match": 1.0, "format": 0.5}, isolation="inline"))
-    scores, metrics = stage.score(batch)
-    assert scores.tolist() == [1.5, 1.0, 0.5]
+    stage = RewardStage(RewardConfig(weights={"answer_match": 1.0, "format": 0.5}, isolation="inline"))
+    out = stage.score(batch)
+    assert out.scores.tolist() == [1.5, 1.0, 0.5]
+    assert out.correct.tolist() == [1.0, 1.0, 0.0]  # answer_match, the default verifier
+    metrics = out.metrics
     assert metrics["reward/answer_match/score"] == pytest.approx(2 / 3) and metrics["reward/format/score"] == pytest.approx(2 / 3)
+    assert metrics["reward/score/mean"] == pytest.approx(1.0) == metrics["reward/score/total"]
+    assert metrics["train/acc"] == pytest.approx(2 / 3) and metrics["reward/failed_samples"] == 0
 
-
-def test_score_goes_on_the_last_response_token():
-    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
-    placed = place_on_last_token(torch.tensor([2.0, 3.0]), mask)
-    assert placed.tolist() == [[0.0, 2.0, 0.0], [0.0, 0.0, 3.0]]
 
 
 def samples(texts, answers, sources):
@@ -86,10 +86,15 @@ def test_the_verifier_is_chosen_per_data_source_with_answer_match_by_default(tmp
         ["3", "3", "red", "3"],
         ["synthetic/count", "synthetic/colour", "synthetic/colour", "synthetic/count"],
     )
-    default = Verifier(RewardConfig())
-    assert default.correct(batch) == [0.0, 0.0, 1.0, 0.0]  # answer_match everywhere: "3.0" != "3"
-    per_source = Verifier(RewardConfig(verifiers={"synthetic/count": f"{plugin}:numeric"}))
-    assert per_source.correct(batch) == [1.0, 0.0, 1.0, 0.0]
+    default = RewardStage(RewardConfig())
+    assert default.verify(batch).tolist() == [0.0, 0.0, 1.0, 0.0]  # answer_match everywhere: "3.0" != "3"
+    per_source = RewardStage(RewardConfig(verifiers={"synthetic/count": f"{plugin}:numeric"}))
+    assert per_source.verify(batch).tolist() == [1.0, 0.0, 1.0, 0.0]
+    out = per_source.score(batch)  # the training reward is answer_match's; the verdicts are the same
+    assert out.correct.tolist() == [1.0, 0.0, 1.0, 0.0] and out.scores.tolist() == [0.0, 0.0, 1.0, 0.0]
+    assert out.metrics["reward/numeric/score"] == 0.5  # over the two count samples it verified
+    assert out.metrics["train/acc"] == 0.5
+    default.close(), per_source.close()
 
 
 def test_a_verifier_that_raises_scores_zero_for_that_sample_only(tmp_path):
@@ -98,8 +103,14 @@ def test_a_verifier_that_raises_scores_zero_for_that_sample_only(tmp_path):
                       "    if 'boom' in response:\n"
                       "        raise ValueError('bad')\n"
                       "    return 1.0\n")
-    verifier = Verifier(RewardConfig(verifier=f"{plugin}:verify"))
-    assert verifier.correct(samples(["ok", "boom", "ok"], ["a"] * 3, ["s"] * 3)) == [1.0, 0.0, 1.0]
+    stage = RewardStage(RewardConfig(verifier=f"{plugin}:verify", num_workers=1))
+    batch = samples(["ok", "boom", "ok"], ["a"] * 3, ["s"] * 3)
+    assert stage.verify(batch).tolist() == [1.0, 0.0, 1.0]
+    out = stage.score(batch)
+    assert out.correct.tolist() == [1.0, 0.0, 1.0]
+    assert out.metrics["reward/verify/failures/error"] == 1  # a verifier's failures are counted too
+    assert out.metrics["reward/failed_samples"] == 0  # not the training reward's: answer_match scored them all
+    stage.close()
 
 
 def test_reward_config():
@@ -115,7 +126,7 @@ def test_reward_config():
 def test_every_sample_failing_for_max_failed_steps_in_a_row_stops_the_run(tmp_path):
     plugin = tmp_path / "broken.py"
     plugin.write_text("def score(response):\n    if response == 'fine':\n        return 1.0\n    raise KeyError('oops')\n")
-    stage = RuleReward(RewardConfig(function=f"{plugin}:score", max_failed_steps=2, isolation="inline"))
+    stage = RewardStage(RewardConfig(function=f"{plugin}:score", max_failed_steps=2, isolation="inline"))
     bad, mixed = samples(["x", "y"], ["a"] * 2, ["s"] * 2), samples(["x", "fine"], ["a"] * 2, ["s"] * 2)
     stage.score(bad)
     stage.score(mixed)  # one clean sample resets the count
@@ -124,21 +135,68 @@ def test_every_sample_failing_for_max_failed_steps_in_a_row_stops_the_run(tmp_pa
         stage.score(bad)
 
 
-class Constant:
-    def __init__(self, values: list[float], name: str) -> None:
-        self.values, self.name = values, name
+def test_weighted_sum_matches_a_plain_loop():
+    terms = [(1.0, torch.tensor([1.0, 0.0, 0.25])), (0.5, torch.tensor([2.0, 4.0, -1.0])), (-2.0, torch.tensor([0.1, 0.2, 0.3]))]
+    expected = [sum(w * float(s[i]) for w, s in terms) for i in range(3)]
+    total = weighted_sum(terms, 3)
+    assert total.dtype == torch.float32 and total.tolist() == pytest.approx(expected)
+    assert weighted_sum([], 2).tolist() == [0.0, 0.0]
 
-    def score(self, batch):
-        return torch.tensor(self.values), {f"reward/{self.name}/score": sum(self.values) / len(self.values)}
+
+class Scores:
+    """A stand-in for a reward-model or judge worker group: fixed scores for every batch."""
+
+    def __init__(self, values: list[float]) -> None:
+        self.values = torch.tensor(values)
+
+    def compute_rm_scores(self, batch):
+        return {"rm_scores": self.values}
+
+    def judge(self, batch):
+        return {"judge_scores": self.values, "judge_parsed": torch.ones(len(self.values)), "judge_text": [""] * len(self.values)}
 
 
-def test_parts_combine_with_their_weights():
-    combined = CombinedReward([("a", 1.0, Constant([1.0, 0.0], "a")), ("b", 0.5, Constant([2.0, 4.0], "b"))])
-    scores, metrics = combined.score(samples(["x", "y"], ["a"] * 2, ["s"] * 2))
-    assert scores.tolist() == [2.0, 2.0]
-    assert metrics == {"reward/a/score": 0.5, "reward/b/score": 3.0, "reward/score/total": 2.0}
+def test_rules_a_reward_model_and_a_judge_add_up_with_their_weights():
+    cfg = RewardConfig(weights={"format": 2.0}, isolation="inline")
+    cfg.model.weight, cfg.judge.weight = 0.5, -1.0
+    stage = RewardStage(cfg, model=Scores([1.0, 3.0]))
+    stage.connect(model=Scores([1.0, 3.0]), judge=Scores([0.0, 1.0]))
+    out = stage.score(samples(["<answer>a</answer>", "a"], ["a"] * 2, ["s"] * 2))
+    assert out.scores.tolist() == [2.0 + 0.5 * 1.0, 0.0 + 0.5 * 3.0 - 1.0]
+    assert out.metrics["reward/score/mean"] == 1.0 and out.metrics["reward/model/score"] == 2.0
+    assert out.metrics["reward/judge/score"] == 0.5 and out.metrics["reward/score/total"] == pytest.approx(1.5)
+    alone = RewardStage(RewardConfig(function="none", isolation="inline"), model=Scores([1.0, 3.0]))
+    out = alone.score(samples(["<answer>a</answer>", "a"], ["a"] * 2, ["s"] * 2))
+    assert out.scores.tolist() == [1.0, 3.0] and "reward/score/mean" not in out.metrics
+    assert out.correct.tolist() == [1.0, 1.0]  # still verified
     with pytest.raises(ValueError, match="no part"):
-        CombinedReward([])
+        RewardStage(RewardConfig(function="none", isolation="inline")).score(samples(["a"], ["a"], ["s"]))
+
+
+def test_a_function_that_is_reward_and_verifier_is_called_once_per_sample_in_one_pool(tmp_path):
+    calls = tmp_path / "calls.txt"
+    plugin = tmp_path / "counted.py"
+    plugin.write_text(f"def score(response, ground_truth):\n"
+                      f"    with open({str(calls)!r}, 'a') as f:\n"
+                      f"        f.write(response + '\\n')\n"
+                      f"    return float(response == ground_truth)\n")
+    spec = f"{plugin}:score"
+    cfg = RewardConfig(weights={spec: 1.0, "format": 0.5}, verifier=spec, verifiers={"other": "answer_match"},
+                       num_workers=2, timeout_s=5)
+    stage = RewardStage(cfg)
+    batch = samples(["a", "b", "<answer>a</answer>", "d"], ["a"] * 4, ["s", "s", "other", "s"])
+    out = stage.score(batch)
+    assert sorted(calls.read_text().split()) == sorted(["a", "b", "<answer>a</answer>", "d"])  # once each
+    assert out.scores.tolist() == [1.0, 0.0, 0.5, 0.0] and out.correct.tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert len(stage.manager._pool.pids) == 2  # the run's one pool: rules and verifiers alike
+    calls.write_text("")
+    assert stage.verify(batch).tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert sorted(calls.read_text().split()) == ["a", "b", "d"]  # the "other" sample is answer_match's
+    training_only = RewardStage(RewardConfig(function=spec, isolation="inline"))
+    calls.write_text("")
+    training_only.verify(batch)
+    assert calls.read_text() == ""  # verify() computes no training reward
+    stage.close()
 
 
 def test_reward_inputs_carry_the_prompt_the_model_s_image_sizes_and_lengths():
@@ -152,6 +210,12 @@ def test_reward_inputs_carry_the_prompt_the_model_s_image_sizes_and_lengths():
     (inp,) = reward_inputs(batch, max_response_tokens=4, patch_size=14)
     assert inp.prompt == "<image>Q?" and inp.response_tokens == 3 and inp.max_response_tokens == 4
     assert inp.model_image_sizes == [(84, 56), (28, 28)] == [model_image_size(g, 14) for g in Encoded.image_grid_thw]
+
+    batch.objects["image_grids"] = [[(1, 2, 4)]]  # read before the encoded prompt
+    (inp,) = reward_inputs(batch, patch_size=14)
+    assert inp.model_image_sizes == [(56, 28)]
+    del batch.objects["prompt"]
+    assert reward_inputs(batch, patch_size=14)[0].model_image_sizes == [(56, 28)]
 
 
 def test_a_reward_function_sees_the_prompt_s_video_frames_and_timestamps(tmp_path):
@@ -169,7 +233,7 @@ def test_a_reward_function_sees_the_prompt_s_video_frames_and_timestamps(tmp_pat
         "response_text": ["red", "blue"], "answer": ["red"] * 2, "data_source": ["v"] * 2,
         "images": [[]] * 2, "videos": [[video]] * 2, "extra": [{}] * 2,
     })
-    stage = RuleReward(RewardConfig(function=f"{plugin}:score", timeout_s=5, num_workers=1))
-    scores, metrics = stage.score(batch)
+    stage = RewardStage(RewardConfig(function=f"{plugin}:score", timeout_s=5, num_workers=1))
+    out = stage.score(batch)
     stage.close()
-    assert scores.tolist() == [1.0, 0.0] and metrics["reward/video_reward.score/failures"] == 0
+    assert out.scores.tolist() == [1.0, 0.0] and out.metrics["reward/video_reward.score/failures"] == 0

@@ -1,4 +1,4 @@
-"""Unit tests of the rewards package: verifiers, calling convention, registry, manager."""
+"""Unit tests of the rewards package: verifiers, calling convention, registry, manager (inline)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import asyncio
 import logging
 import math
 import sys
-import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -17,7 +16,6 @@ import rewards
 from rewards import (
     RewardInput,
     RewardManager,
-    RewardResult,
     answer_match,
     available,
     batched,
@@ -25,9 +23,9 @@ from rewards import (
     extract_answer,
     format_reward,
     normalize,
+    prompt_text,
     register,
     resolve,
-    weighted,
 )
 from rewards import registry
 
@@ -354,35 +352,24 @@ def test_file_spec_without_function(tmp_path: Path) -> None:
 def test_bad_spec_types() -> None:
     with pytest.raises(TypeError, match="reward spec"):
         resolve(3)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="weighted"):
-        resolve({"sum": {"format": 1.0}})
-    with pytest.raises(ValueError, match="by_data_source"):
-        resolve({"by_data_source": {"a": "format"}})  # no default
-
-
-def test_by_data_source_spec(tmp_path: Path) -> None:
-    plugin = tmp_path / "always.py"
-    plugin.write_text("def half(response):\n    return 0.5\n")
-    fn = resolve({"by_data_source": {"count": f"{plugin}:half"}, "default": "answer_match"})
-    assert call_reward_fn(fn, inp("<answer>red</answer>", data_source="count")) == {"score": 0.5}
-    assert call_reward_fn(fn, inp("<answer>red</answer>", data_source="colour")) == {"score": 1.0}
+    with pytest.raises(TypeError, match="reward spec"):  # weights and per-source verifiers are the stage's
+        resolve({"weighted": {"format": 1.0}})  # type: ignore[arg-type]
 
 
 def test_check_spec_runs_no_plugin_code(tmp_path: Path) -> None:
     plugin = tmp_path / "explodes.py"
     plugin.write_text("raise SystemExit('imported!')\n")
-    registry.check_spec({"weighted": {f"{plugin}:score": 1.0, "format": 0.5}})  # the file exists: fine
+    registry.check_spec(f"{plugin}:score")  # the file exists: fine
     with pytest.raises(ValueError, match="unknown reward 'nope'"):
-        registry.check_spec({"by_data_source": {"a": "format"}, "default": "nope"})
-    with pytest.raises(TypeError, match="weight"):
-        registry.check_spec({"weighted": {"format": float("nan")}})
+        registry.check_spec("nope")
+    with pytest.raises(ValueError, match="not found"):
+        registry.check_spec(f"{tmp_path}/nowhere.py:score")
 
 
 def test_absolute_spec_makes_file_paths_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    spec = {"by_data_source": {"a": "rel.py:score"}, "default": "format"}
-    assert registry.absolute_spec(spec) == {"by_data_source": {"a": f"{tmp_path}/rel.py:score"}, "default": "format"}
-    assert registry.absolute_spec({"weighted": {"rel.py:f": 2.0}}) == {"weighted": {f"{tmp_path}/rel.py:f": 2.0}}
+    assert registry.absolute_spec("rel.py:score") == f"{tmp_path}/rel.py:score"
+    assert registry.absolute_spec("format") == "format"
 
 
 def test_example_plugin_loads_by_path() -> None:
@@ -397,12 +384,12 @@ def test_example_plugin_loads_by_path() -> None:
 
 
 def test_batched_example_plugin_with_a_row_column() -> None:
-    manager = RewardManager(f"{EXAMPLE_PLUGIN.parent / 'relative_length.py'}:score", isolation="inline")
+    manager = RewardManager([f"{EXAMPLE_PLUGIN.parent / 'relative_length.py'}:score"], isolation="inline")
     tokens, extras = [10, 10, 20, 40, 40], [{}, {}, {}, {}, {"max_penalty": 0.5}]
     batch = [inp("<answer>red</answer>", response_tokens=t, extra=e) for t, e in zip(tokens, extras)]
-    result = manager.score(batch)  # median 20 tokens: 20 past it is 100% longer, capped at max_penalty
+    result = manager.score(batch)["relative_length.score"]  # median 20 tokens: 20 past it is 100% longer, capped
     assert result.scores == pytest.approx([1.0, 1.0, 1.0, 0.8, 0.5])
-    assert result.components["relative_length.score"].parts["length_penalty"] == pytest.approx([0, 0, 0, 0.2, 0.5])
+    assert result.parts["length_penalty"] == pytest.approx([0, 0, 0, 0.2, 0.5])
 
 
 def test_entry_point_plugin_is_loaded_lazily(
@@ -434,59 +421,33 @@ def test_broken_entry_point_names_the_plugin(monkeypatch: pytest.MonkeyPatch) ->
         resolve("broken")
 
 
-# --- weighted ----------------------------------------------------------------------------------
+# --- the prompt's text ---------------------------------------------------------------------------
 
 
-def test_weighted_combination() -> None:
-    fn = resolve({"weighted": {"answer_match": 0.9, "format": 0.1}})
-    # Right answer, wrong format: 0.9 * 1 + 0.1 * 0.
-    assert call_reward_fn(fn, inp("I say <answer>Red</answer>")) == pytest.approx(
-        {"score": 0.9, "answer_match": 1.0, "format": 0.0}
-    )
-    # Wrong answer, right format: 0.9 * 0 + 0.1 * 1.
-    assert call_reward_fn(fn, inp("<answer>blue</answer>")) == pytest.approx(
-        {"score": 0.1, "answer_match": 0.0, "format": 1.0}
-    )
-    assert call_reward_fn(fn, inp("<answer>red</answer>")) == pytest.approx(
-        {"score": 1.0, "answer_match": 1.0, "format": 1.0}
-    )
-
-
-def test_weighted_uses_component_score_of_dict_results() -> None:
-    fn = weighted({f"{EXAMPLE_PLUGIN}:score": 2.0, "format": -0.5})
-    long_response = "<answer>red</answer>" + "x" * 280  # example plugin: 1.0 - 0.1
-    # 2.0 * 0.9 + (-0.5) * 0.0 (text after the answer breaks the format)
-    assert call_reward_fn(fn, inp(long_response))["score"] == pytest.approx(1.8)
-
-
-def test_weighted_errors() -> None:
-    with pytest.raises(ValueError, match="nope"):
-        weighted({"nope": 1.0})
-    with pytest.raises(TypeError, match="'format'"):
-        weighted({"format": "high"})  # type: ignore[dict-item]
-    with pytest.raises(ValueError, match="non-empty"):
-        weighted({})
+def test_prompt_text_joins_the_user_turns() -> None:
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "<image>What colour?"},
+                {"role": "assistant", "content": "red"}, {"role": "user", "content": "Sure?"},
+                {"role": "user", "content": [{"type": "text"}]}]  # not a string: left out
+    assert prompt_text(messages) == "<image>What colour?\nSure?"
+    assert prompt_text([]) == ""
 
 
 # --- RewardManager (inline: in this process; the worker processes are tested in test_reward_plugins.py) ---
 
 
-def test_manager_scores_in_order_with_components() -> None:
+def test_manager_scores_in_order_with_parts() -> None:
     def fn(response: str, ground_truth: str) -> dict[str, float]:
-        time.sleep(0.01 * (5 - int(response)))  # finish out of order
         return {"score": float(response), "twice": 2.0 * float(response)}
 
-    manager = RewardManager(fn, timeout_s=2.0, num_workers=4, isolation="inline")
+    manager = RewardManager([fn], timeout_s=2.0, isolation="inline")
     result = manager.score([inp(str(i)) for i in range(5)])
-    assert result.scores == [0.0, 1.0, 2.0, 3.0, 4.0]
-    assert list(result.components) == ["fn"]
-    assert result.components["fn"].parts == {"twice": [0.0, 2.0, 4.0, 6.0, 8.0]}
-    assert (result.failed, result.num_failures, result.errors) == ([False] * 5, 0, [])
+    assert list(result) == ["fn"] and manager.names == {fn: "fn"}
+    assert result["fn"].scores == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert result["fn"].parts == {"twice": [0.0, 2.0, 4.0, 6.0, 8.0]}
+    assert (result["fn"].failed, sum(result["fn"].failures.values()), result["fn"].errors) == ([False] * 5, 0, [])
 
 
-def test_manager_isolates_errors_nan_and_timeouts(caplog: pytest.LogCaptureFixture) -> None:
-    release = threading.Event()
-
+def test_manager_isolates_errors_nan_and_late_results(caplog: pytest.LogCaptureFixture) -> None:
     def flaky(response: str, ground_truth: str) -> dict[str, float]:
         if response == "raise":
             raise RuntimeError("boom in user code")
@@ -494,35 +455,27 @@ def test_manager_isolates_errors_nan_and_timeouts(caplog: pytest.LogCaptureFixtu
             return {"score": math.nan, "bonus": 1.0}
         if response == "inf":
             return {"score": 1.0, "bonus": math.inf}
-        if response == "hang":
-            release.wait(5.0)
+        if response == "slow":
+            time.sleep(0.3)  # past the timeout: inline cannot stop it, but its late result is a timeout
         return {"score": answer_match(response, ground_truth), "bonus": 0.5}
 
-    responses = ["<answer>red</answer>", "raise", "nan", "hang", "<answer>blue</answer>", "inf", "red"]
-    start = time.monotonic()
+    responses = ["<answer>red</answer>", "raise", "nan", "slow", "<answer>blue</answer>", "inf", "red"]
     with caplog.at_level(logging.WARNING, logger="rewards.manager"):
-        manager = RewardManager(flaky, timeout_s=0.2, num_workers=3, isolation="inline")
-        result = manager.score([inp(r) for r in responses])
-    elapsed = time.monotonic() - start
-    release.set()
+        manager = RewardManager([flaky], timeout_s=0.2, isolation="inline")
+        result = manager.score([inp(r) for r in responses])["flaky"]
 
     assert result.scores == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
     assert result.failed == [False, True, True, True, False, True, False]
-    component = result.components["flaky"]
-    assert component.parts == {"bonus": [0.5, None, None, None, 0.5, None, 0.5]}
-    assert (component.failures["error"], component.failures["non_finite"], component.failures["timeout"]) == (1, 2, 1)
-    assert elapsed < 1.5
-    label = "flaky (test_rewards.test_manager_isolates_errors_nan_and_timeouts.<locals>.flaky)"
+    assert result.parts == {"bonus": [0.5, None, None, None, 0.5, None, 0.5]}
+    assert (result.failures["error"], result.failures["non_finite"], result.failures["timeout"]) == (1, 2, 1)
+    label = "flaky (test_rewards.test_manager_isolates_errors_nan_and_late_results.<locals>.flaky)"
     assert any(e.startswith(f"{label}: sample 1: error: RuntimeError: boom in user code") for e in result.errors)
     assert any(e.startswith(f"{label}: sample 3: timeout") for e in result.errors)
     assert any(e.startswith(f"{label}: sample 2: non_finite") for e in result.errors)
     assert "boom in user code" in caplog.text and "flaky" in caplog.text
 
-    metrics = result.metrics()
-    assert metrics == pytest.approx(
+    assert result.metrics("flaky") == pytest.approx(
         {
-            "reward/score/mean": 2.0 / 7,
-            "reward/failed_samples": 4.0,
             "reward/flaky/score": 2.0 / 7,
             "reward/flaky/bonus": 0.5,  # the mean over the samples that returned it
             "reward/flaky/failures": 4.0,
@@ -537,79 +490,40 @@ def test_manager_isolates_errors_nan_and_timeouts(caplog: pytest.LogCaptureFixtu
     )
 
 
-def test_hung_call_does_not_starve_later_samples() -> None:
-    release = threading.Event()
-
-    def fn(response: str) -> float:
-        if response == "hang":
-            release.wait(5.0)
-        time.sleep(0.05)
-        return 1.0
-
-    # One thread: the samples after the hung one must still run once it is abandoned,
-    # each with its own full timeout counted from its start.
-    manager = RewardManager(fn, timeout_s=0.2, num_workers=1, isolation="inline")
-    result = manager.score([inp("hang"), inp("a"), inp("b")])
-    release.set()
-    assert result.scores == [0.0, 1.0, 1.0]
-    assert result.components["fn"].failures["timeout"] == 1
-
-
-def test_manager_respects_num_workers() -> None:
-    lock = threading.Lock()
-    active = [0]
-    peak = [0]
-
-    def fn(response: str) -> float:
-        with lock:
-            active[0] += 1
-            peak[0] = max(peak[0], active[0])
-        time.sleep(0.02)
-        with lock:
-            active[0] -= 1
-        return 1.0
-
-    result = RewardManager(fn, timeout_s=2.0, num_workers=2, isolation="inline").score([inp(str(i)) for i in range(8)])
-    assert result.scores == [1.0] * 8
-    assert peak[0] == 2
-
-
 def test_manager_caps_error_messages(caplog: pytest.LogCaptureFixture) -> None:
     def always_fails(response: str) -> float:
         raise ValueError(f"bad {response}")
 
     with caplog.at_level(logging.WARNING, logger="rewards.manager"):
-        result = RewardManager(always_fails, timeout_s=1.0, isolation="inline").score([inp(str(i)) for i in range(20)])
-    assert result.components["always_fails"].failures["error"] == 20
-    assert result.scores == [0.0] * 20
-    assert len(result.errors) == rewards.manager.MAX_ERROR_MESSAGES
+        result = RewardManager([always_fails], timeout_s=1.0, isolation="inline").score([inp(str(i)) for i in range(20)])
+    assert result["always_fails"].failures["error"] == 20
+    assert result["always_fails"].scores == [0.0] * 20
+    assert len(result["always_fails"].errors) == rewards.manager.MAX_ERROR_MESSAGES
     assert len(caplog.records) == rewards.manager.MAX_ERROR_MESSAGES + 1  # plus one summary line
     assert "15 more" in caplog.records[-1].getMessage()
 
 
 def test_manager_counts_bad_return_type() -> None:
-    result = RewardManager(lambda response: "1.0", timeout_s=1.0, isolation="inline").score([inp("x")])
-    assert result.components["lambda"].failures["bad_type"] == 1 and result.scores == [0.0]
+    result = RewardManager([lambda response: "1.0"], timeout_s=1.0, isolation="inline").score([inp("x")])["<lambda>"]
+    assert result.failures["bad_type"] == 1 and result.scores == [0.0]
     assert "returned a str" in result.errors[0]
 
 
 def test_manager_fails_scores_past_max_abs_score() -> None:
-    manager = RewardManager(lambda response: float(response), max_abs_score=10, isolation="inline")
-    result = manager.score([inp("10"), inp("-10.5"), inp("3")])
+    manager = RewardManager([lambda response: float(response)], max_abs_score=10, isolation="inline")
+    result = manager.score([inp("10"), inp("-10.5"), inp("3")])["<lambda>"]
     assert result.scores == [10.0, 0.0, 3.0]
-    assert result.components["lambda"].failures["out_of_range"] == 1
+    assert result.failures["out_of_range"] == 1
     assert "beyond max_abs_score=10" in result.errors[0]
 
 
-def test_manager_isolates_weighted_components_separately() -> None:
+def test_manager_isolates_functions_separately() -> None:
     def broken(response: str) -> float:
         raise RuntimeError("broken")
 
-    manager = RewardManager({"format": 0.5, broken: 2.0}, isolation="inline")
-    result = manager.score([inp("<answer>red</answer>"), inp("red")])
-    assert result.scores == [0.5, 0.0]  # broken contributes 0, format its weighted part
-    assert result.components["format"].scores == [1.0, 0.0] and result.components["format"].weight == 0.5
-    assert result.components["broken"].failures["error"] == 2
+    result = RewardManager(["format", broken], isolation="inline").score([inp("<answer>red</answer>"), inp("red")])
+    assert result["format"].scores == [1.0, 0.0] and not any(result["format"].failed)
+    assert result["broken"].failures["error"] == 2
 
 
 def test_inline_manager_runs_batched_and_async_functions() -> None:
@@ -621,72 +535,78 @@ def test_inline_manager_runs_batched_and_async_functions() -> None:
         await asyncio.sleep(5.0 if response == "slow" else 0.1)
         return 1.0
 
-    manager = RewardManager({lengths: 1.0, slow: 1.0}, timeout_s=0.5, isolation="inline")
+    manager = RewardManager([lengths, slow], timeout_s=0.5, isolation="inline")
     start = time.monotonic()
     result = manager.score([inp("ab"), inp("slow"), inp("abc"), inp("a")])
     assert time.monotonic() - start < 1.5  # concurrent, and the slow one cancelled at its timeout
-    assert result.components["lengths"].scores == [2.0, 4.0, 3.0, 1.0]
-    assert result.components["slow"].scores == [1.0, 0.0, 1.0, 1.0]
-    assert result.components["slow"].failures["timeout"] == 1
-    assert result.scores == [3.0, 4.0, 4.0, 2.0]
+    assert result["lengths"].scores == [2.0, 4.0, 3.0, 1.0]
+    assert result["slow"].scores == [1.0, 0.0, 1.0, 1.0]
+    assert result["slow"].failures["timeout"] == 1
+
+
+def test_manager_runs_each_function_on_the_samples_asked() -> None:
+    calls: list[str] = []
+
+    def seen(response: str) -> float:
+        calls.append(response)
+        return 1.0
+
+    manager = RewardManager([seen, "format"], isolation="inline")
+    result = manager.score([inp("a"), inp("b"), inp("c")], {seen: [2, 0]})
+    assert calls == ["c", "a"] and result["seen"].asked == [2, 0] and result["seen"].scores == [1.0, 0.0, 1.0]
+    assert result["format"].asked == [0, 1, 2]  # not named in asked: every sample
+    assert manager.score([inp("a")], {seen: []})["seen"].metrics("seen")["reward/seen/score"] == 0.0
+    assert calls == ["c", "a"]
 
 
 def test_manager_resolves_specs_and_checks_arguments() -> None:
-    manager = RewardManager({"weighted": {"answer_match": 0.9, "format": 0.1}}, isolation="inline")
-    result = manager.score([inp("<answer>red</answer>"), inp("red")])
-    assert result.scores == pytest.approx([1.0, 0.9])
-    assert list(result.components) == ["answer_match", "format"]  # run as separate components
     # A parameter that is not a field is a data-row column: a sample without it fails, naming it.
-    needs_tokens = RewardManager(lambda response, tokens: float(len(tokens)), isolation="inline")
-    result = needs_tokens.score([inp("x", extra={"other": 1}), inp("x", extra={"tokens": [1, 2]})])
+    needs_tokens = RewardManager([lambda response, tokens: float(len(tokens))], isolation="inline")
+    result = needs_tokens.score([inp("x", extra={"other": 1}), inp("x", extra={"tokens": [1, 2]})])["<lambda>"]
     assert result.scores == [0.0, 2.0]
     assert "'tokens'" in result.errors[0] and "['other']" in result.errors[0]
     with pytest.raises(ValueError, match="timeout_s"):
-        RewardManager("format", timeout_s=0)
+        RewardManager(["format"], timeout_s=0)
     with pytest.raises(ValueError, match="num_workers"):
-        RewardManager("format", num_workers=0)
+        RewardManager(["format"], num_workers=0)
     with pytest.raises(ValueError, match="max_abs_score"):
-        RewardManager("format", max_abs_score=-1)
+        RewardManager(["format"], max_abs_score=-1)
     with pytest.raises(ValueError, match="isolation"):
-        RewardManager("format", isolation="threads")
+        RewardManager(["format"], isolation="threads")
     with pytest.raises(ValueError, match="no_such_reward"):
-        RewardManager({"format": 1.0, "no_such_reward": 1.0})
-    with pytest.raises(TypeError, match="weight"):
-        RewardManager({"format": "high"})
+        RewardManager(["format", "no_such_reward"])
+    with pytest.raises(TypeError, match="list of reward specs"):
+        RewardManager("format")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"inputs\[1\]"):
-        manager.score([inp("x"), {"response": "x"}])  # type: ignore[list-item]
+        needs_tokens.score([inp("x"), {"response": "x"}])  # type: ignore[list-item]
 
 
-def test_component_names_are_short_and_unique(tmp_path: Path) -> None:
-    manager = RewardManager({f"{EXAMPLE_PLUGIN}:score": 1.0, "format": 1.0})
-    assert [c.name for c in manager.components] == ["length_penalty.score", "format"]  # "score" reads as the total
-    assert manager.components[0].label == f"{EXAMPLE_PLUGIN}:score"
+def test_function_names_are_short_and_unique(tmp_path: Path) -> None:
+    manager = RewardManager([f"{EXAMPLE_PLUGIN}:score", "format", "format"])
+    assert list(manager.names.values()) == ["length_penalty.score", "format"]  # "score" reads as the total
     for folder in ("a", "b"):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "m.py").write_text("def f(response):\n    return 1.0\n")
-    specs = {f"{tmp_path}/a/m.py:f": 1.0, f"{tmp_path}/b/m.py:f": 1.0, "weird name!": 0.0}
     with pytest.raises(ValueError, match="weird name"):
-        RewardManager(specs)
-    del specs["weird name!"]
-    specs[f"{tmp_path}/a/../a/m.py:f"] = 1.0
-    assert [c.name for c in RewardManager(specs).components] == ["f", "m.f", "m.f_2"]
-    assert [c.name for c in RewardManager({"by_data_source": {}, "default": "format"}).components] == ["by_data_source"]
+        RewardManager([f"{tmp_path}/a/m.py:f", "weird name!"])
+    specs = [f"{tmp_path}/a/m.py:f", f"{tmp_path}/b/m.py:f", f"{tmp_path}/a/../a/m.py:f"]
+    assert list(RewardManager(specs).names.values()) == ["f", "m.f", "m.f_2"]
 
 
 def test_empty_batch() -> None:
-    manager = RewardManager("format")
-    result = manager.score([])
-    assert (result.scores, result.failed, result.errors) == ([], [], [])
-    assert result.metrics(prefix="r")["r/score/mean"] == 0.0
-    assert result.metrics(prefix="r")["r/format/failures"] == 0.0
-    assert manager._pool is None  # no worker process was started for nothing
+    manager = RewardManager(["format"])
+    result = manager.score([])["format"]
+    assert (result.scores, result.failed, result.asked, result.errors) == ([], [], [], [])
+    assert result.metrics("format", prefix="r")["r/format/score"] == 0.0
+    assert result.metrics("format", prefix="r")["r/format/failures"] == 0.0
+    assert manager._pool.pids == []  # no worker process was started for nothing
 
 
 def test_a_finite_reward_beyond_float32_scores_zero_like_a_nan():
     """1e39 is a finite Python float but inf in float32, where training would meet it."""
     import torch
 
-    manager = RewardManager(lambda response: float(response), timeout_s=5, max_abs_score=1e39, isolation="inline")
-    result = manager.score([RewardInput(response=r, ground_truth="") for r in ("1e39", "-1e39", "3e38", "2")])
-    assert result.scores == [0.0, 0.0, 3e38, 2.0] and result.components["lambda"].failures["non_finite"] == 2
+    manager = RewardManager([lambda response: float(response)], timeout_s=5, max_abs_score=1e39, isolation="inline")
+    result = manager.score([RewardInput(response=r, ground_truth="") for r in ("1e39", "-1e39", "3e38", "2")])["<lambda>"]
+    assert result.scores == [0.0, 0.0, 3e38, 2.0] and result.failures["non_finite"] == 2
     assert torch.isfinite(torch.tensor(result.scores, dtype=torch.float32)).all()

@@ -397,6 +397,24 @@ def test_math_answer_works_outside_the_main_thread() -> None:
     assert results == [1.0]
 
 
+def test_math_answer_unparsable_is_wrong_but_a_fault_is_a_counted_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rewards.math_answer as module
+    from rewards import RewardInput, RewardManager
+
+    unparsable = [RewardInput(response=r, ground_truth="2") for r in ("\\boxed{\\frac{}{}}", "<answer>$$</answer>", "\\boxed{=}")]
+    result = RewardManager(["math"], isolation="inline").score(unparsable)["math"]
+    assert result.scores == [0.0, 0.0, 0.0] and not any(result.failed)
+
+    def broken(*args: object, **kwargs: object) -> bool:  # no real answer makes math-verify raise: a fault injected
+        raise RuntimeError("sympy fault")
+
+    monkeypatch.setattr(module, "verify", broken)
+    with pytest.raises(RuntimeError, match="sympy fault"):
+        math_answer("\\boxed{2}", "2")
+    result = RewardManager(["math"], isolation="inline").score([RewardInput(response="\\boxed{2}", ground_truth="2")])["math"]
+    assert result.failures["error"] == 1 and "sympy fault" in result.errors[0]
+
+
 @pytest.mark.timeout(20)
 def test_math_answer_hostile_responses() -> None:
     assert math_answer("x" * MB + "\\boxed{4}", "4") == 1.0
