@@ -210,9 +210,12 @@ class RolloutConfig:
     max_model_len: int = num(0, ge=0)
     """Longest prompt + response an engine accepts; a longer prompt fails before generation, naming the
     sample. 0: the model's ``max_position_embeddings``."""
-    free_cache_engine: bool = False
-    """vllm: sleep between rollouts (KV cache and weights freed, woken before the next weight update).
-    GPU only: vLLM's CPU backend has no sleep mode, so on CPU this changes nothing."""
+    free_cache_engine: bool = True
+    """Free the rollout engine's own copy of the weights between a step's rollouts and the next (they are loaded
+    again when it wakes, in the step's ``update_weights`` stage): an hf engine's copy (it has one when the actor
+    is sharded; a replicated actor's engine shares its module and holds nothing), vLLM's KV cache and weights
+    (sleep mode, GPU only: vLLM's CPU backend cannot sleep, so there it keeps them). false: the engine keeps its
+    copy, and the weights move only when the actor's version changes."""
     gpu_memory_utilization: float = num(0.5, gt=0, le=1)
     """vllm on GPU: the share of GPU memory the engine takes (the trainer shares the GPU)."""
     cpu_kv_cache_gib: float = num(1.0, gt=0)
@@ -386,12 +389,15 @@ class RewardConfig:
     weights: dict[str, float] = field(default_factory=dict)
     """When set, the rule reward is the weighted sum of these reward functions (``function`` is then ignored)."""
     timeout_s: float = num(10.0, gt=0)
-    """A reward call that takes longer scores 0 and is counted (it is killed: it holds even without the GIL)."""
+    """A reward call that takes longer scores 0 and is counted. With ``isolation=process`` its worker is killed
+    (this holds even for code that never releases the GIL); inline, a late result is discarded but the call is
+    not stopped."""
     isolation: Literal["process", "inline"] = "process"
-    """process: reward functions run in a pool of worker processes (killed and restarted on a hang, a crash or
-    memory past ``max_memory_mb``); inline: in the driver (fastest, for trusted, well-behaved code)."""
+    """process: reward functions run in one pool of worker processes per run (killed and restarted on a hang, a
+    crash or memory past ``max_memory_mb``); inline: in the driver's thread, one sample after another (fastest,
+    for trusted, well-behaved code)."""
     num_workers: int = num(2, ge=1)
-    """Reward worker processes."""
+    """Reward worker processes (``isolation=process``)."""
     max_memory_mb: float = num(4096, gt=0)
     """A reward worker whose resident memory passes this is killed; its sample scores 0."""
     max_abs_score: float = num(1e4, gt=0)

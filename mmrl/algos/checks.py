@@ -6,7 +6,8 @@ Each rule names the keys involved and the fix. ``given`` is the set of dotted ke
 
 from __future__ import annotations
 
-from mmrl.algos import ALGORITHMS, POLICY_LOSSES
+from mmrl.algos import ALGORITHMS, POLICY_LOSSES, check_key_ownership, critic_algorithms, policy_loss
+from mmrl.algos.losses import POLICY_LOSS_NEEDS_SEQUENCE_AGG
 from mmrl.config import Config, ConfigError, require_known
 
 
@@ -19,9 +20,14 @@ def check_algorithm_config(cfg: Config, given: frozenset[str]) -> None:
     if cfg.rollout.n < algorithm.min_group_size:
         raise ConfigError(f"rollout.n={cfg.rollout.n}: {cfg.algorithm.name} compares the responses of one "
                           f"prompt, so it needs rollout.n >= {algorithm.min_group_size}")
-    if loss == "sppo" and cfg.actor.loss_agg_mode == "token-mean":
-        raise ConfigError("the sppo policy loss is one square per sequence: set actor.loss_agg_mode to a "
+    if loss in POLICY_LOSS_NEEDS_SEQUENCE_AGG and cfg.actor.loss_agg_mode == "token-mean":
+        raise ConfigError(f"the {loss} policy loss is one term per sequence: set actor.loss_agg_mode to a "
                           "sequence mode (seq-mean-token-mean), not token-mean")
     if cfg.algorithm.critic_warmup_steps and not algorithm.needs_critic:
         raise ConfigError(f"algorithm.critic_warmup_steps={cfg.algorithm.critic_warmup_steps}: "
-                          f"{cfg.algorithm.name} trains no critic; use ppo, pf_ppo or vapo, or set it to 0")
+                          f"{cfg.algorithm.name} trains no critic; use {', '.join(critic_algorithms())}, or set it to 0")
+    try:
+        check_key_ownership(cfg.algorithm.name, given)
+        policy_loss(cfg)  # every loss term's batch fields are ones the algorithm computes
+    except ValueError as err:
+        raise ConfigError(str(err)) from None

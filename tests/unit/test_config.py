@@ -152,12 +152,17 @@ def test_old_log_probs_from_the_rollout_need_the_untruncated_distribution() -> N
 
 
 def test_algorithm_family_cross_field_checks():
-    with pytest.raises(ConfigError, match="sppo policy loss is one square per sequence"):
+    with pytest.raises(ConfigError, match="sppo policy loss is one term per sequence"):
         load_run_config(None, ["algorithm.name=sppo"])
     cfg = load_run_config(None, ["algorithm.name=sppo", "actor.loss_agg_mode=seq-mean-token-mean"])
     assert cfg.actor.policy_loss == "" and cfg.algorithm.name == "sppo"
-    with pytest.raises(ConfigError, match="grpo trains no critic"):
+    with pytest.raises(ConfigError, match="grpo trains no critic; use ppo, vapo, pf_ppo"):
         load_run_config(None, ["algorithm.critic_warmup_steps=3"])
+    with pytest.raises(ConfigError, match="algorithm.filter_k belongs to pf_ppo: algorithm.name=grpo does not read"):
+        load_run_config(None, ["algorithm.filter_k=2"])
+    load_run_config(None, ["algorithm.name=pf_ppo", "algorithm.filter_k=2"])
+    with pytest.raises(ConfigError, match="actor.policy_loss=sppo reads win_rates"):
+        load_run_config(None, ["actor.policy_loss=sppo", "actor.loss_agg_mode=seq-mean-token-mean"])
     assert load_run_config(None, ["algorithm.name=vapo", "algorithm.critic_warmup_steps=3"]).algorithm.critic_warmup_steps == 3
     # seq-mean-token-sum-norm's constant defaults to the longest response, and can be set
     assert load_run_config(None, ["rollout.max_new_tokens=12"]).actor.loss_horizon == 12
