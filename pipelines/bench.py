@@ -5,8 +5,9 @@ Runs, each in fresh worker processes (so that every peak is its own):
 1. one full GRPO-style step (rollout -> old and reference log-probs -> update) for N=1 and N=2 workers and
    every vision/llm strategy combination, timed over a few steps after a warm-up;
 2. the peak memory of actor + rollout + reference against the actor alone (log-probs + update only);
-3. the bytes one step sends to the workers, per method: the whole Batch (what every call shipped before
-   methods declared their fields) against the declared fields only.
+3. the data one step moves between the driver and 1 or 2 workers, both ways, and the vision tower's work:
+   before (the driver holds the prompts' encodings and ships them to every call) against after (prompts stay
+   on the rank that encoded them).
 
 Peak memory is each worker's VmHWM over the measured steps only (the window is reset after loading, whose
 transient full copies would otherwise dominate), summed over the workers.
@@ -99,11 +100,16 @@ def spawn(cfg: Config) -> WorkerGroup:
 
 
 def full_step(group: WorkerGroup, prompts: Batch, params: SamplingParams) -> Batch:
-    """Rollout -> old and reference log-probs -> advantages (random: this measures the system) -> update."""
-    batch = prompts.repeat(params.n).union(group.generate(prompts, params))
+    """Rollout -> old and reference log-probs -> advantages (random: this measures the system) -> update -> the
+    weights into the engine. With ``group.group_by_prompt`` off (the baseline of :func:`data_movement`), the
+    driver holds the prompts' encodings, as before prompts stayed on the workers, and ships them each call."""
+    group.forget_prompts()
+    baseline = not group.group_by_prompt
+    batch = prompts.repeat(params.n).union(group.generate(prompts, params, return_prompts=baseline))
     batch = batch.union(group.compute_log_probs(batch)).union(group.compute_ref_log_probs(batch))
     batch.tensors["advantages"] = torch.randn(len(batch), 1) * batch["response_mask"]
     group.update_actor(batch)
+    group.sync_weights(False)
     return batch
 
 
@@ -142,26 +148,34 @@ def memory_of(cfg: Config, batch: Batch, prompts: Batch, params: SamplingParams,
         group.shutdown()
 
 
-def bytes_per_step(cfg: Config, prompts: Batch, params: SamplingParams) -> list[list[str]]:
-    """Pickled bytes each method of one full step sends to the workers: whole Batches vs declared fields."""
-    group = spawn(variant(cfg, 1, "replicate", "replicate"))
-    try:
-        group.init_model(cfg, cfg.model.path, True)
-        group.count_bytes = True
-        sent = {}
-        for ship_all in (True, False):
-            group.ship_all_fields = ship_all
-            group.bytes_sent.clear()
-            torch.manual_seed(0)
-            full_step(group, prompts, params)
-            sent[ship_all] = dict(group.bytes_sent)
-    finally:
-        group.shutdown()
+def data_movement(cfg: Config, prompts: Batch, params: SamplingParams) -> list[list[str]]:
+    """What one full step moves between the driver and 1 or 2 workers, before (the driver holds the prompts'
+    encodings and ships them to every call; a prompt's samples are scattered over the ranks by tokens) and
+    after (each prompt's samples stay on the rank that encoded it; later calls send uids): KiB of pickled call
+    arguments sent, KiB of results received, and the images and videos the vision tower encoded (rollout, the
+    two log-prob passes and the update together)."""
     rows = []
-    for method in [*sent[True], "total"]:
-        whole = sum(sent[True].values()) if method == "total" else sent[True][method]
-        declared = sum(sent[False].values()) if method == "total" else sent[False][method]
-        rows.append([method, f"{whole / 1024:.1f}", f"{declared / 1024:.1f}", f"{declared / whole:.2f}x"])
+    for workers in (1, 2):
+        group = spawn(variant(cfg, workers, "replicate", "replicate"))
+        try:
+            group.init_model(cfg, cfg.model.path, True)
+            group.count_bytes = True
+            for after in (False, True):
+                group.group_by_prompt = after
+                group.bytes_sent.clear()
+                group.bytes_received.clear()
+                group.vision_passes()
+                torch.manual_seed(0)
+                full_step(group, prompts, params)
+                sent, received = sum(group.bytes_sent.values()), sum(group.bytes_received.values())
+                rows.append([str(workers), "after" if after else "before", f"{sent / 1024:.1f}",
+                             f"{received / 1024:.1f}", str(sum(group.vision_passes()))])
+        finally:
+            group.shutdown()
+    for pair in (rows[:2], rows[2:]):
+        before, after = pair
+        after.append(f"{float(before[2]) / float(after[2]):.0f}x / {float(before[3]) / float(after[3]):.0f}x")
+        before.append("")
     return rows
 
 
@@ -210,9 +224,13 @@ def main(argv: list[str] | None = None) -> None:
                 "reference; growth = peak minus the live memory the step started from",
                 ["N", "vision", "llm", "actor peak", "actor growth", "hybrid peak", "hybrid growth", "ratio"], rows)
 
-    print_table("KiB sent to the workers in one step (pickled call arguments): the whole Batch vs the fields each "
-                "method declares", ["method", "whole Batch", "declared fields", "ratio"],
-                bytes_per_step(cfg, prompts[0], params))
+    first = prompts[0].objects
+    images = sum(len(i) + len(v) for i, v in zip(first["images"], first.get("videos", [[]] * len(prompts[0]))))
+    print_table(f"Data moved in one step ({len(prompts[0])} prompts x {params.n}, {images} images and videos): "
+                "pickled KiB driver -> workers and back, and the items the vision tower encoded (rollout + old "
+                "and reference log-probs + update); before = encodings held by the driver, samples scattered",
+                ["N", "dispatch", "KiB sent", "KiB received", "vision items", "before/after: sent / received"],
+                data_movement(cfg, prompts[0], params))
 
 
 if __name__ == "__main__":

@@ -244,13 +244,12 @@ def without_media(part: Batch, held: set[str]) -> Batch:
 
 
 def split_args(
-    spec: DispatchSpec, world_size: int, args: tuple, kwargs: dict, ship_all_fields: bool = False,
+    spec: DispatchSpec, world_size: int, args: tuple, kwargs: dict,
     placement: Mapping[str, int] | None = None, held: Sequence[set[str]] | None = None, by_group: bool = True,
 ) -> tuple[list[tuple[tuple, dict]], DispatchPlan | None]:
     """Per-rank (args, kwargs) for a call, and the plan :func:`collect` needs (None but for DP_COMPUTE).
 
-    ``ship_all_fields`` sends the whole Batch even where the method declares its fields (a baseline
-    for ``make bench``). ``placement`` (uid -> rank) keeps groups on the rank that holds them; ``held[r]``
+    ``placement`` (uid -> rank) keeps groups on the rank that holds them; ``held[r]``
     is the set of uids whose encodings rank r holds: their media are not sent again. ``by_group=False``
     scatters the samples of a group by tokens (the layout before groups stayed together; a bench baseline).
     """
@@ -260,7 +259,7 @@ def split_args(
     if mode is Dispatch.DP_COMPUTE:
         if not args or not isinstance(args[0], Batch):
             raise TypeError("a DP_COMPUTE method takes a Batch as its first argument")
-        batch = args[0] if ship_all_fields else spec.ship(args[0])
+        batch = spec.ship(args[0])
         per_rank, plan = plan_dp(batch, world_size, placement, by_group)
         if held is not None and "uid" in batch.objects and "prompt" not in batch.objects:
             per_rank = [without_media(part, held[rank]) for rank, part in enumerate(per_rank)]

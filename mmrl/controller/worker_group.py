@@ -52,8 +52,6 @@ class WorkerGroup:
         self.world_size = pool.world_size
         self.name = worker_cls.__name__
         self.timeout_s = timeout_s
-        self.ship_all_fields = False
-        """Send whole Batches to DP_COMPUTE methods, ignoring their declared fields (a ``make bench`` baseline)."""
         self.group_by_prompt = True
         """Keep a prompt's samples on the rank that encoded it (False: scatter them by tokens, the layout
         before prompts stayed on one rank; a ``make bench`` baseline)."""
@@ -89,7 +87,7 @@ class WorkerGroup:
 
     def _call(self, method: str, spec: DispatchSpec, *args: Any, **kwargs: Any) -> Any:
         grouped = spec.prompts and self.group_by_prompt
-        per_rank, plan = split_args(spec, self.world_size, args, kwargs, self.ship_all_fields,
+        per_rank, plan = split_args(spec, self.world_size, args, kwargs,
                                     self.placement if grouped else None, self.held if grouped else None,
                                     by_group=self.group_by_prompt)
         if grouped and plan is not None and plan.ranks and spec.keep_prompts:

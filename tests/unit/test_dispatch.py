@@ -259,8 +259,6 @@ def test_a_method_receives_only_the_fields_it_declares():
     per_rank, _ = split_args(spec, 2, (b,), {})
     for (part, *_), _kwargs in per_rank:
         assert sorted(part.keys()) == ["is_pad", "prompt", "ref_log_probs", "response_mask", "responses"]
-    whole, _ = split_args(spec, 2, (b,), {}, ship_all_fields=True)
-    assert "images" in whole[0][0][0].keys()
     with pytest.raises(KeyError, match="old_log_probs.*log-probs of the policy before the update"):
         split_args(DispatchSpec(Dispatch.DP_COMPUTE, fields=("old_log_probs",)), 2, (b,), {})
 
