@@ -16,6 +16,8 @@ CONFIGS = sorted(Path("configs/algos").glob("*.yaml"))
 # A reward that differs between the random-init model's responses (its answers are all wrong), so that
 # group baselines, win rates and dynamic sampling have something to compare.
 VARIED = "tests/fixtures/reward_plugins/kinds.py:text_length_parity"
+# DAPO's: flat on half the tasks, so that a step takes several generation rounds (and still one weight sync).
+HALF_FLAT = "tests/fixtures/reward_plugins/kinds.py:parity_on_colour"
 # What each algorithm must show in its metrics beyond the common ones.
 EXPECTED = {
     "dapo": ["filter/gen_rounds", "filter/kept_samples"],
@@ -47,10 +49,17 @@ def test_each_algorithm_config_runs_end_to_end(path, tiny_config, tmp_path):
     ])
     if cfg.algorithm.critic_warmup_steps:
         cfg.algorithm.critic_warmup_steps = 1  # step 1 trains the critic alone, step 2 both
-    cfg.reward.weights, cfg.reward.function = {}, VARIED
+    cfg.reward.weights, cfg.reward.function = {}, HALF_FLAT if path.stem == "dapo" else VARIED
     cfg.validate()
     result = run_rl(cfg)
-    run = MlflowClient(cfg.tracking.uri).get_run(result["mlflow_run_id"])
+    client = MlflowClient(cfg.tracking.uri)
+    run = client.get_run(result["mlflow_run_id"])
+    history = {key: [m.value for m in client.get_metric_history(run.info.run_id, key)]
+               for key in ("rollout/weight_syncs", "filter/gen_rounds")}
+    # The weights reach the engine once a step, whatever extra rollouts (ReMax) or rounds (DAPO) it takes.
+    assert history["rollout/weight_syncs"] == [1.0, 1.0], (path.stem, history)
+    if path.stem == "dapo":
+        assert max(history["filter/gen_rounds"]) >= 2, history
     assert run.info.status == "FINISHED" and run.data.params["algorithm.name"] == path.stem
     for key in ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "val/acc",
                 *EXPECTED.get(path.stem, [])]:
