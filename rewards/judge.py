@@ -12,7 +12,6 @@ from rewards.verifiers import extract_answer
 
 TEMPLATE_FIELDS = ("question", "response", "ground_truth")
 _MEDIA = re.compile(f"{re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)}")
-_SPECIAL_TOKEN = re.compile(r"<\|[^<>|]*\|>")
 _WORD = re.compile(r"[a-z]+")
 YES = frozenset({"yes", "correct", "true", "right"})
 NO = frozenset({"no", "incorrect", "wrong", "false"})
@@ -46,7 +45,7 @@ def parse_verdict(text: str) -> float | None:
     The verdict is the first word of the judge's answer (inside ``<answer>`` tags when it used them):
     yes / correct / true / right, or no / incorrect / wrong / false, in any case.
     """
-    answer = extract_answer(_SPECIAL_TOKEN.sub(" ", text))
+    answer = extract_answer(text)  # special tokens are dropped there
     if answer is None:
         return None
     word = _WORD.search(answer.lower())

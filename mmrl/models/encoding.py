@@ -30,9 +30,9 @@ VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision
 _PLACEHOLDER = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
 # Media fields of an EncodedPrompt: concatenated over the samples of a batch, in sample order.
 MEDIA_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
-# With shared media (collate(share_media=True)): per kind, the pixels field, the grids field, and the two keys
-# collate adds: the grids of the distinct items, and for each item of the batch the distinct item it is.
-SHARED_MEDIA = (("image", "pixel_values", "image_grid_thw"), ("video", "pixel_values_videos", "video_grid_thw"))
+# Per kind of media: the pixels field and the grids field (with shared media, collate(share_media=True) adds
+# two keys per kind, :func:`shared_keys`: the grids of the distinct items, and which distinct item each is).
+MEDIA_KINDS = (("image", "pixel_values", "image_grid_thw"), ("video", "pixel_values_videos", "video_grid_thw"))
 
 
 def shared_keys(kind: str) -> tuple[str, str]:
@@ -187,7 +187,7 @@ def _distinct_media(prompts: Sequence[EncodedPrompt]) -> dict[str, torch.Tensor]
     """The pixels of each distinct prompt (by identity) once, their grids, and item -> distinct item maps."""
     distinct = list({id(p): p for p in prompts}.values())
     out: dict[str, torch.Tensor] = {}
-    for kind, pixels_key, grid_key in SHARED_MEDIA:
+    for kind, pixels_key, grid_key in MEDIA_KINDS:
         grids = [getattr(p, grid_key) for p in distinct if getattr(p, grid_key) is not None]
         if not grids:
             continue

@@ -18,12 +18,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from mmrl.models.encoding import shared_keys
+from mmrl.models.encoding import MEDIA_KINDS, shared_keys
 from mmrl.models.packing import additive
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 VISION_ONLY = ("pixel_values", "pixel_values_videos", *shared_keys("image"), *shared_keys("video"))
-MEDIA = (("image", "pixel_values", "image_grid_thw"), ("video", "pixel_values_videos", "video_grid_thw"))
 
 
 def core_model(model: nn.Module) -> nn.Module:
@@ -59,7 +58,7 @@ def encode_media(
     dtype = next(visual.parameters()).dtype
     # Shared media (collate(share_media=True)): the tower sees each distinct item once; items are copies.
     present = [(kind, inputs[pk], inputs.get(shared_keys(kind)[0], inputs[gk]), inputs.get(shared_keys(kind)[1]))
-               for kind, pk, gk in MEDIA if inputs.get(pk) is not None]
+               for kind, pk, gk in MEDIA_KINDS if inputs.get(pk) is not None]
     if not present:
         if not always:
             return {}, None
