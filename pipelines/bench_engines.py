@@ -2,9 +2,10 @@
 
 On the demo's tiny model (configs/bench_engines.yaml, built on first use), one worker each: samples/s and
 generated tokens/s of ``generate`` at 8, 64 and 256 prompts x ``rollout.n`` (8) with the demo's
-``max_new_tokens``, the median of 3 runs after a warm-up, each run including the weight handoff to the
-engine; and the time of that handoff alone. Ratios are vLLM over hf, measured in the same command. The demo's
-default engine is the faster one at the demo's size (16 prompts x 8): the README gives the table.
+``max_new_tokens``, the median of 3 runs after a warm-up (the weights are unchanged, so no run loads them
+into the engine); and the time of one weight load alone. Ratios are vLLM over hf, measured in the same
+command. The demo's default engine is the faster one at the demo's size (16 prompts x 8): the README gives
+the table.
 
     make bench                                     # both parts
     python -m pipelines.bench_engines --config configs/bench_engines.yaml
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     table.append(["weight update s", f"{hf['update_s']:.4f}", "", f"{vllm['update_s']:.4f}", "",
                   f"{hf['update_s'] / vllm['update_s']:.2f}x"])
     print_table(f"Rollout throughput, 1 worker, max_new_tokens={params.max_new_tokens}, median of {RUNS} "
-                "(each generate includes the weight handoff)",
+                "(weights unchanged: no generate loads them)",
                 ["prompts", "hf samples/s", "hf tokens/s", "vllm samples/s", "vllm tokens/s", "vllm vs hf"], table)
     faster = "vllm" if vllm["s@16"] < hf["s@16"] else "hf"
     print(f"\nfaster at the demo's size (16 prompts x {params.n}): {faster}")

@@ -6,16 +6,19 @@ read, the config keys it owns) and call its hooks (collection, extra rollouts, w
 step, advantages). To add an algorithm, write one module here with a subclass and add one entry to the
 table, e.g.::
 
-    # mmrl/algos/maxmin.py
-    class MaxMin(OutcomeAlgorithm):
-        min_group_size = 2
+    # mmrl/algos/mean_baseline.py: the group's mean as the baseline, no std
+    from mmrl.algos.base import OutcomeAlgorithm
+    from mmrl.algos.groups import group_stats
 
-        def outcome_advantages(self, scores, uids):
+    class MeanBaseline(OutcomeAlgorithm):
+        min_group_size = 2  # rollout.n=1 is refused at load
+
+        def outcome_advantages(self, scores, uids):  # scores (B,) -> advantages (B,)
             _, mean, _ = group_stats(scores, uids)
             return scores - mean
 
     # here
-    ALGORITHMS = {..., "maxmin": MaxMin}
+    ALGORITHMS = {..., "mean_baseline": MeanBaseline}
 
 A new policy loss is one function in :mod:`mmrl.algos.losses` plus one entry in ``POLICY_LOSSES``; a loss an
 algorithm adds to it is one entry in ``EXTRA_LOSSES`` and one in the algorithm's ``extra_losses``.
