@@ -48,8 +48,9 @@ ADAPTIVE_KL = dict(algorithm__use_kl_in_reward=True, algorithm__kl_ctrl="adaptiv
 
 
 def adaptive_coefs(cfg, kl: list[float]) -> list[float]:
-    """The coefficient each step uses, by hand (Ziegler et al.): ``kl_coef`` first; after a step whose mean KL was
-    ``kl[t]`` over ``samples`` samples, ``coef *= 1 + clip(kl[t] / kl_target - 1, -0.2, 0.2) * samples / kl_horizon``."""
+    """The coefficient each step uses, by hand (Ziegler et al.): ``kl_coef`` first; after a step whose mean KL
+    was ``kl[t]`` over ``samples`` samples,
+    ``coef *= 1 + clip(kl[t] / kl_target - 1, -0.2, 0.2) * samples / kl_horizon``."""
     algo, samples = cfg.algorithm, cfg.trainer.prompts_per_step * cfg.rollout.n
     coefs = [algo.kl_coef]
     for value in kl[:-1]:
