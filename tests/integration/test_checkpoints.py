@@ -1,4 +1,5 @@
-"""Resumable checkpoints: a run stopped and resumed ends bit-for-bit where an uninterrupted run ends."""
+"""Resumable checkpoints: a run stopped and resumed ends bit-for-bit where an uninterrupted run ends (the adaptive
+KL controller's coefficient included)."""
 
 import copy
 import json
@@ -9,6 +10,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
+from mmrl.trainer.checkpoint import load_driver_state
 from mmrl.trainer.rl import run_rl
 
 
@@ -40,12 +42,30 @@ def assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
     assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
 
 
-def test_grpo_stopped_after_3_and_resumed_to_6_equals_6_straight(tiny_config, tmp_path):
-    straight = run_rl(configure(tiny_config, tmp_path / "straight", 6))
-    first = run_rl(configure(tiny_config, tmp_path / "resumed", 3))
+# A KL penalty in the reward with the adaptive controller, moving by up to 10% a step (16 samples a step).
+ADAPTIVE_KL = dict(algorithm__use_kl_in_reward=True, algorithm__kl_ctrl="adaptive", algorithm__kl_coef=0.1,
+                   algorithm__kl_target=0.01, algorithm__kl_horizon=32)
+
+
+def adaptive_coefs(cfg, kl: list[float]) -> list[float]:
+    """The coefficient each step uses, by hand (Ziegler et al.): ``kl_coef`` first; after a step whose mean KL
+    was ``kl[t]`` over ``samples`` samples,
+    ``coef *= 1 + clip(kl[t] / kl_target - 1, -0.2, 0.2) * samples / kl_horizon``."""
+    algo, samples = cfg.algorithm, cfg.trainer.prompts_per_step * cfg.rollout.n
+    coefs = [algo.kl_coef]
+    for value in kl[:-1]:
+        error = min(max(value / algo.kl_target - 1, -0.2), 0.2)
+        coefs.append(coefs[-1] * (1 + error * samples / algo.kl_horizon))
+    return coefs
+
+
+def test_grpo_with_an_adaptive_kl_stopped_after_3_and_resumed_to_6_equals_6_straight(tiny_config, tmp_path):
+    cfg = configure(tiny_config, tmp_path / "straight", 6, **ADAPTIVE_KL)
+    straight = run_rl(cfg)
+    first = run_rl(configure(tiny_config, tmp_path / "resumed", 3, **ADAPTIVE_KL))
     stopped = weights(tmp_path / "resumed" / "checkpoint")
     assert json.loads((tmp_path / "resumed" / "step_3" / "meta.json").read_text())["step"] == 3
-    second = run_rl(configure(tiny_config, tmp_path / "resumed", 6))  # trainer.resume=auto
+    second = run_rl(configure(tiny_config, tmp_path / "resumed", 6, **ADAPTIVE_KL))  # trainer.resume=auto
     assert_identical(weights(tmp_path / "straight" / "checkpoint"), weights(tmp_path / "resumed" / "checkpoint"))
     assert not all(torch.equal(v, stopped[k]) for k, v in weights(tmp_path / "resumed" / "checkpoint").items())
 
@@ -57,6 +77,19 @@ def test_grpo_stopped_after_3_and_resumed_to_6_equals_6_straight(tiny_config, tm
     folder = tmp_path / "resumed"
     assert (folder / "latest").read_text() == "step_6"
     assert sorted(p.name for p in folder.iterdir() if p.name.startswith("step_")) == ["step_3", "step_6"]
+
+    # The coefficient follows the controller's rule from the logged KL, and step 4 of the resumed run starts from
+    # the one saved at step 3, not from kl_coef.
+    def history(run: dict, key: str) -> list[float]:
+        points = sorted((m.step, m.value) for m in client.get_metric_history(run["mlflow_run_id"], key))
+        assert [step for step, _ in points] == [1, 2, 3, 4, 5, 6]
+        return [value for _, value in points]
+
+    coefs, kl = history(straight, "actor/reward_kl_coef"), history(straight, "actor/reward_kl")
+    assert coefs == pytest.approx(adaptive_coefs(cfg, kl), rel=1e-9)
+    assert history(second, "actor/reward_kl_coef") == coefs and history(second, "actor/reward_kl") == kl
+    assert load_driver_state(folder / "step_3").kl_coef == pytest.approx(coefs[3], rel=1e-9)
+    assert coefs[3] != pytest.approx(cfg.algorithm.kl_coef, rel=1e-3)
 
 
 def test_ppo_with_a_critic_on_two_fsdp_workers_resumes_bit_for_bit(tiny_config, tmp_path):

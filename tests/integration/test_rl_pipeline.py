@@ -26,6 +26,7 @@ def test_two_grpo_steps_log_to_mlflow(tiny_config):
     assert run.data.params["rollout.n"] == "4" and run.data.params["algorithm.name"] == "grpo"
     for key in ["actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm",
                 "actor/kl_loss", "critic/score/mean", "response_length/mean", "timing_s/gen", "timing_s/ref",
+                "timing_s/old_log_prob",  # 2 mini-batches: the second is off-policy, so old log-probs are recomputed
                 "perf/throughput", "val/acc", "reward/answer_match/failures", "reward/failed_samples"]:
         assert key in run.data.metrics, key
     assert [m.step for m in client.get_metric_history(run.info.run_id, "actor/pg_loss")] == [1, 2]

@@ -1,5 +1,6 @@
 """Reward models and judges without Ray: the Bradley-Terry loss, whole-sequence scores, the head's
-checkpoint, preference pairs, and the judge's prompt and verdict."""
+checkpoint, the refusal of a reward model with another tokenizer, preference pairs, and the judge's prompt and
+verdict."""
 
 from __future__ import annotations
 
@@ -10,14 +11,17 @@ import pytest
 import torch
 
 from data_prep.preferences import broken_formats, synthetic_pairs, write_pairs
-from mmrl.config import Config, load_config
+from mmrl.config import Config, TinyModelConfig, load_config
 from mmrl.models.encoding import collate, encode_prompt
 from mmrl.models.forward import ValueModel, core_model
 from mmrl.models.loading import load_model, load_processor, save_checkpoint
+from mmrl.models.tiny import build_tiny_vlm
 from mmrl.preference_pairs import read_pairs
+from mmrl.trainer.rl import RLTrainer, check_same_tokenizer
 from mmrl.trainer.rm import bradley_terry_loss, response_ids
 from mmrl.workers.model_builder import build_model
 from rewards import answer_match, format_reward
+from pipelines.model import task_corpus
 from rewards.judge import check_template, judge_messages, parse_verdict
 
 CPU = torch.device("cpu")
@@ -84,6 +88,31 @@ def test_a_reward_model_checkpoint_round_trips_through_the_builder(tiny_model_di
     assert not loaded.trainable() and not loaded.root.training
     with pytest.raises(FileNotFoundError, match="not a reward-model checkpoint.*make rm"):
         build_model(cfg, "reward_model", str(tiny_model_dir), device=CPU)
+
+
+@pytest.mark.parametrize("other", ["fewer_tokens", "same_size_other_ids"])
+def test_rl_refuses_a_reward_model_with_another_tokenizer_before_any_worker_starts(tiny_config, tmp_path, other):
+    """A reward model reads the policy's token ids: RLTrainer refuses one whose vocabulary differs (fewer tokens,
+    or as many tokens with other ids) in its constructor, before fit() starts any worker, naming the key and
+    the fix."""
+    policy = load_processor(tiny_config.trainer.init).tokenizer
+    corpus = list(task_corpus(Config()))
+    if other == "same_size_other_ids":  # the reversed texts give other merges, hence other ids
+        corpus, size = [text[::-1] for text in corpus], len(policy)
+    else:
+        size = len(policy) - 64
+    spec = TinyModelConfig(hidden_size=64, num_layers=1, intermediate_size=128, vision_hidden_size=32,
+                           vision_heads=2, vocab_size=size)
+    reward_model = build_tiny_vlm(corpus, spec, tmp_path / "other-rm")
+    theirs = load_processor(reward_model).tokenizer
+    assert (len(theirs) == len(policy)) == (other == "same_size_other_ids")
+    assert theirs.get_vocab() != policy.get_vocab()
+    check_same_tokenizer(tiny_config.trainer.init, tiny_config.trainer.init)  # the same one passes
+    tiny_config.reward.model.path = str(reward_model)
+    with pytest.raises(ValueError, match=rf"reward.model.path={reward_model} has a different tokenizer from the "
+                                         r"policy .*train the reward model from the policy's checkpoint \(make rm, "
+                                         r"rm.init\)"):
+        RLTrainer(tiny_config)
 
 
 ROWS = [{"id": f"r{i}", "answer": answer, "data_source": source}
