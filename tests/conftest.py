@@ -91,9 +91,13 @@ def run_with_a_kill():
 
     from mmrl.tracking import Tracker
     from mmrl.trainer.rl import RLTrainer
+    from pipelines.probes import ProbedActor
+
+    class ProbedTrainer(RLTrainer):
+        actor_worker = ProbedActor  # its ranks tell their pids
 
     def run(cfg: Config, after_step: int, rank: int = 0, node: str | None = None, sig: int = signal.SIGKILL) -> Kill:
-        trainer = RLTrainer(cfg)
+        trainer = ProbedTrainer(cfg)
         tracker = Tracker(cfg, cfg.trainer.experiment, "killed", stage="rl")
         marker = Path(cfg.trainer.out_dir) / f"step_{after_step}" / "meta.json"
         killed: list[tuple[int, int, str, float]] = []

@@ -24,6 +24,9 @@ DEATH = (RayActorError, OutOfMemoryError, WorkerCrashedError, NodeDiedError)
 # After one rank raises, how long the others get to show whether a peer died (a collective broken by a
 # dead peer fails on the survivors too, often before Ray reports the death).
 GRACE_S = 15.0
+# Starting a rank (a process that imports torch and transformers, then joins the process group) can take longer
+# than a short step deadline on a loaded machine: the start gets at least this long.
+STARTUP_S = 300.0
 
 
 class WorkerFailure(RuntimeError):
@@ -74,9 +77,10 @@ class WorkerGroup:
             for rank in range(self.world_size)
         ]
         pool.acquire()
-        master_addr, master_port = self._gather("node_address", [self.workers[0].node_address.remote()])[0]
+        start_s = max(timeout_s, STARTUP_S)
+        master_addr, master_port = self._gather("node_address", [self.workers[0].node_address.remote()], start_s)[0]
         self._gather("init_process_group",
-                     [w.init_process_group.remote(master_addr, master_port, timeout_s) for w in self.workers])
+                     [w.init_process_group.remote(master_addr, master_port, timeout_s) for w in self.workers], start_s)
         self._bind(worker_cls)
 
     def _bind(self, worker_cls: type) -> None:
@@ -108,9 +112,11 @@ class WorkerGroup:
         self.held = [set() for _ in range(self.world_size)]
         self._gather("forget_prompts", [w.forget_prompts.remote() for w in self.workers])
 
-    def _gather(self, method: str, refs: list[ray.ObjectRef]) -> list[Any]:
-        """Every rank's result, in rank order; raises WorkerFailure when a rank died or the deadline passed."""
-        deadline = time.monotonic() + self.timeout_s
+    def _gather(self, method: str, refs: list[ray.ObjectRef], timeout_s: float | None = None) -> list[Any]:
+        """Every rank's result, in rank order; raises WorkerFailure when a rank died or the deadline
+        (``timeout_s``, default the group's) passed."""
+        timeout_s = timeout_s or self.timeout_s
+        deadline = time.monotonic() + timeout_s
         pending, error = list(refs), None
         while pending:
             wait_s = deadline - time.monotonic() if error is None else min(GRACE_S, deadline - time.monotonic())
@@ -119,8 +125,8 @@ class WorkerGroup:
                 if error is not None:
                     raise error  # the others are stuck behind the failed rank, none died: a plain error
                 late = [refs.index(r) for r in pending]
-                raise WorkerFailure(f"{self.name}.{method} did not finish within trainer.step_timeout_s="
-                                    f"{self.timeout_s:g} s on ranks {late}: treating them as hung")
+                raise WorkerFailure(f"{self.name}.{method} did not finish within {timeout_s:g} s "
+                                    f"(trainer.step_timeout_s={self.timeout_s:g}) on ranks {late}: treating them as hung")
             try:
                 ray.get(ready[0])
             except DEATH as err:
