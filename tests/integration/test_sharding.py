@@ -190,7 +190,8 @@ def test_frozen_vision_is_bit_identical_and_has_no_optimizer_state(groups, base_
 
 
 def test_sharded_rollout_gets_full_weights_and_frees_them(groups, base_cfg, tiny_model_dir):
-    """Hybrid engine handoff: gathered weights before the rollout, freed after; log-probs match training."""
+    """Hybrid engine handoff: gathered weights in the engine for the step's rollouts, freed by release_engine
+    (rollout.free_cache_engine), loaded again at the next sync; log-probs match training."""
     from mmrl.trainer.dataset import load_rows, rows_to_batch
 
     group = groups[1]
@@ -198,7 +199,13 @@ def test_sharded_rollout_gets_full_weights_and_frees_them(groups, base_cfg, tiny
     prompts = rows_to_batch(load_rows(base_cfg.data.dir, "train", limit=3))  # 3 prompts over 2 ranks
     samples = group.generate(prompts, SamplingParams(n=2, max_new_tokens=6))
     assert len(samples) == 6
+    full = sum(t.numel() for t in group.full_state_dict()[0].values())
+    assert all(r["rollout_params_held"] == full for r in group.layout_report())  # a full copy, not shards
+    group.release_engine()
     assert all(r["rollout_params_held"] == 0 for r in group.layout_report())
+    assert group.versions() == [(0, None)] * 2
+    assert group.sync_weights(False) == [0, 0]  # a freed engine is loaded only when it wakes
+    assert group.sync_weights(True) == [1, 1] and group.versions() == [(0, 0)] * 2
     batch = prompts.repeat(2).union(samples)
     batch = batch.union(group.compute_log_probs(batch))
     diff = (batch["old_log_probs"] - batch["rollout_log_probs"]).abs() * batch["response_mask"]
