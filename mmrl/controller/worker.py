@@ -82,7 +82,7 @@ class Worker:
             )
 
     @register(Dispatch.ONE_TO_ALL)
-    def forget_prompts(self) -> None:
+    def drop_prompts(self) -> None:
         """A new step: drop the prompt encodings this rank holds (:mod:`mmrl.workers.prompts`), if any."""
         cache = getattr(self, "prompt_cache", None)
         if cache is not None:

@@ -87,6 +87,8 @@ class WorkerGroup:
         for name, fn in inspect.getmembers(worker_cls, predicate=inspect.isfunction):
             spec = getattr(fn, DISPATCH_ATTR, None)
             if spec is not None:
+                if hasattr(WorkerGroup, name):  # a bound method must not hide the group's own
+                    raise TypeError(f"{worker_cls.__name__}.{name} would hide WorkerGroup.{name}: rename the method")
                 setattr(self, name, functools.partial(self._call, name, spec))
 
     def _call(self, method: str, spec: DispatchSpec, *args: Any, **kwargs: Any) -> Any:
@@ -110,7 +112,7 @@ class WorkerGroup:
         """A new step: every rank drops the prompt encodings it holds, and groups may go anywhere again."""
         self.placement.clear()
         self.held = [set() for _ in range(self.world_size)]
-        self._gather("forget_prompts", [w.forget_prompts.remote() for w in self.workers])
+        self._gather("drop_prompts", [w.drop_prompts.remote() for w in self.workers])
 
     def _gather(self, method: str, refs: list[ray.ObjectRef], timeout_s: float | None = None) -> list[Any]:
         """Every rank's result, in rank order; raises WorkerFailure when a rank died or the deadline

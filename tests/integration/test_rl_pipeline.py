@@ -82,6 +82,11 @@ def test_two_workers_keep_each_prompt_on_one_rank_and_encode_it_once_per_pass(tw
     assert metrics[0] == metrics[1]  # metrics are reduced over ranks
     assert group.versions() == [(1, 0), (1, 0)]  # the update moved the actor on; the engine syncs when asked
     assert group.sync_weights(False) == [1, 1] and group.sync_weights(True) == [0, 0]
+    # A new step forgets the driver's placement and the ranks' encodings: the same prompts drawn again (the next
+    # epoch) get their media again.
+    group.forget_prompts()
+    assert group.placement == {} and group.held_prompts() == [[], []]
+    assert len(group.generate(prompts, SamplingParams(n=1, max_new_tokens=2))) == 5
     state0, state1 = group.full_state_dict()
     # Gradients were summed over ranks: both hold the same weights.
     assert all(torch.equal(state0[k], state1[k]) for k in state0)
