@@ -197,10 +197,13 @@ def test_rlhf_on_policy_with_the_make_rm_reward_model_alone(tiny_config, make_rm
 
 
 def test_a_plugin_that_hangs_costs_a_step_about_one_timeout(tiny_config, tmp_path):
-    """A plugin holding the GIL forever on every sample: each step's reward stage returns within its timeout
-    plus a margin, the run finishes on the other component, and the hangs are counted per step."""
+    """A plugin holding the GIL forever on every sample: each step's reward stage tries it only on the first
+    sample of each reward worker (the plugin logs its calls, so they are counted, not timed), the run
+    finishes on the other component, and the hangs are counted per step."""
+    calls = tmp_path / "calls.txt"
     plugin = tmp_path / "stuck.py"
-    plugin.write_text("import re\n\ndef stuck(response):\n    return float(bool(re.match(r'(a+)+$', 'a' * 64 + 'b')))\n")
+    plugin.write_text(f"import re\n\ndef stuck(response):\n    open({str(calls)!r}, 'a').write('x\\n')\n"
+                      "    return float(bool(re.match(r'(a+)+$', 'a' * 64 + 'b')))\n")
     cfg = tiny_config
     cfg.trainer.steps, cfg.trainer.eval_every = 2, 0
     cfg.reward.weights = {"answer_match": 1.0, f"{plugin}:stuck": 1.0}
@@ -213,4 +216,8 @@ def test_a_plugin_that_hangs_costs_a_step_about_one_timeout(tiny_config, tmp_pat
     samples = cfg.trainer.prompts_per_step * cfg.rollout.n
     assert history["reward/stuck/failures/timeout"] == [samples, samples]
     assert history["reward/stuck/score"] == [0.0, 0.0]
-    assert all(seconds < cfg.reward.timeout_s + 3.0 for seconds in history["timing_s/reward"])
+    tried = len(calls.read_text().splitlines())
+    assert 1 <= tried <= cfg.reward.num_workers * cfg.trainer.steps < samples, f"{tried} samples tried"
+    one_timeout_per_sample = samples / cfg.reward.num_workers * cfg.reward.timeout_s
+    assert all(seconds < one_timeout_per_sample for seconds in history["timing_s/reward"])
+
