@@ -115,6 +115,11 @@ class PartConfig:
     groups of ``shard_size`` ranks, replicated across the groups."""
     shard_size: int = num(0, ge=0)
     """hsdp only: ranks per shard group (must divide resources.num_workers)."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations (vision blocks / decoder layers) in the backward pass instead of
+    keeping them from the forward: activation memory per block falls from its intermediates to its input,
+    for about one more forward's compute. Only gradient passes of a model in training mode recompute (the
+    rollout and the no-grad log-prob passes run plainly); gradients equal the plain path's."""
 
 
 @dataclass(kw_only=True)

@@ -1,4 +1,4 @@
-"""``make bench``: step time and peak memory (RSS of all workers) of the worker layouts.
+"""``make bench``: step time and peak memory of the worker layouts.
 
 Runs, each in fresh worker processes (so that every peak is its own):
 
@@ -9,8 +9,11 @@ Runs, each in fresh worker processes (so that every peak is its own):
    before (the driver holds the prompts' encodings and ships them to every call) against after (prompts stay
    on the rank that encoded them).
 
-Peak memory is each worker's VmHWM over the measured steps only (the window is reset after loading, whose
-transient full copies would otherwise dominate), summed over the workers.
+Peak memory is the trainer's ``perf/max_memory_gb`` measurement (:mod:`mmrl.perf_memory`: the peak RSS on
+CPU, CUDA's peak allocated memory on GPU), in GiB: each step opens a window on every worker (as a training
+step does), and a worker's peak is the largest of its steps' (so loading's transient full copies, before
+sharding, never count). ``perf/max_memory_gb`` is the largest over the workers, as the trainer logs it;
+"all" sums the workers.
 
 Ratios are against the first row of each table, measured in the same command. This is a benchmark, not
 a test: it asserts nothing about speed.
@@ -34,6 +37,7 @@ from mmrl.config import Config, PartConfig, VisionPartConfig
 from mmrl.controller import ResourcePool, WorkerGroup
 from mmrl.controller.session import ensure_ray
 from mmrl.controller.worker import resolve_device
+from mmrl.perf_memory import PEAK_KEY
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
 from mmrl.trainer.dataset import PromptLoader, load_rows
@@ -55,17 +59,24 @@ MEMORY = [(1, "replicate", "replicate"), (2, "fsdp", "fsdp")]
 @dataclass
 class Result:
     step_s: float
-    start_rss_mb: list[float]
-    peak_rss_mb: list[float]
+    start_gb: list[float]
+    """Each worker's live memory before the measured steps."""
+    peak_gb: list[float]
+    """Each worker's peak over the measured steps."""
 
     @property
-    def total_mb(self) -> float:
-        return sum(self.peak_rss_mb)
+    def total_gb(self) -> float:
+        return sum(self.peak_gb)
 
     @property
-    def growth_mb(self) -> float:
+    def growth_gb(self) -> float:
         """What the measured steps added on top of the live memory they started from, all workers."""
-        return sum(self.peak_rss_mb) - sum(self.start_rss_mb)
+        return sum(self.peak_gb) - sum(self.start_gb)
+
+
+def step_peaks(group: WorkerGroup, peaks: list[float]) -> list[float]:
+    """Each worker's peak so far: ``peaks`` and the window of the step just run, whichever is larger."""
+    return [max(a, b) for a, b in zip(peaks, group.peak_memory_gb())]
 
 
 def ensure_inputs(cfg: Config, rebuild_data: bool = False) -> None:
@@ -100,7 +111,7 @@ def spawn(cfg: Config) -> WorkerGroup:
 
 
 def full_step(group: WorkerGroup, prompts: Batch, params: SamplingParams) -> Batch:
-    """Rollout -> old and reference log-probs -> advantages (random: this measures the system) -> update -> the
+    """A new step (its peak-memory window opens) -> rollout -> old and reference log-probs -> advantages (random: this measures the system) -> update -> the
     weights into the engine. With ``group.group_by_prompt`` off (the baseline of :func:`data_movement`), the
     driver holds the prompts' encodings, as before prompts stayed on the workers, and ships them each call."""
     group.forget_prompts()
@@ -118,32 +129,33 @@ def time_layout(cfg: Config, prompts: list[Batch], params: SamplingParams) -> Re
     try:
         group.init_model(cfg, cfg.model.path, True)
         full_step(group, prompts[0], params)  # warm-up
-        start_rss = group.reset_peak_rss()  # the steps' peak, not loading's (full copies before sharding)
+        start_gb, peaks = group.reset_peak_memory(), [0.0] * group.world_size
         times = []
         for batch in prompts[1:]:
             start = time.perf_counter()
             full_step(group, batch, params)
             times.append(time.perf_counter() - start)
-        return Result(statistics.median(times), start_rss, group.peak_rss_mb())
+            peaks = step_peaks(group, peaks)
+        return Result(statistics.median(times), start_gb, peaks)
     finally:
         group.shutdown()
 
 
 def memory_of(cfg: Config, batch: Batch, prompts: Batch, params: SamplingParams, hybrid: bool) -> Result:
-    """Peak RSS of one step: the hybrid worker (rollout + reference + actor) or the actor alone."""
+    """Peak memory of one step: the hybrid worker (rollout + reference + actor) or the actor alone."""
     cfg = copy.deepcopy(cfg)
     cfg.actor.use_kl_loss = hybrid  # the actor alone has no reference to be anchored to
     group = spawn(cfg)
     try:
         group.init_model(cfg, cfg.model.path, hybrid, hybrid)
-        start_rss = group.reset_peak_rss()
+        start_gb = group.reset_peak_memory()
         start = time.perf_counter()
         if hybrid:
             full_step(group, prompts, params)
         else:
             trainable = batch.union(group.compute_log_probs(batch))
             group.update_actor(trainable)
-        return Result(time.perf_counter() - start, start_rss, group.peak_rss_mb())
+        return Result(time.perf_counter() - start, start_gb, group.peak_memory_gb())
     finally:
         group.shutdown()
 
@@ -200,11 +212,11 @@ def main(argv: list[str] | None = None) -> None:
     for layout in tqdm(LAYOUTS, desc="layouts (full steps)"):
         timed[layout] = time_layout(variant(cfg, *layout), prompts, params)
     base = timed[LAYOUTS[0]]
-    rows = [[str(n), v, l, f"{r.step_s:.3f}", f"{r.step_s / base.step_s:.2f}x", f"{sum(r.start_rss_mb):.0f}",
-             f"{r.total_mb:.0f}", f"{max(r.peak_rss_mb):.0f}", f"{r.growth_mb:+.0f}"] for (n, v, l), r in timed.items()]
+    rows = [[str(n), v, l, f"{r.step_s:.3f}", f"{r.step_s / base.step_s:.2f}x", f"{sum(r.start_gb):.3f}",
+             f"{r.total_gb:.3f}", f"{max(r.peak_gb):.3f}", f"{r.growth_gb:+.3f}"] for (n, v, l), r in timed.items()]
     print_table(f"One RL step (rollout + old/ref log-probs + update), {len(prompts[0])} prompts x {params.n}, "
-                f"median of {STEPS} after a warm-up; peak RSS over those steps",
-                ["N", "vision", "llm", "step s", "vs N=1", "live RSS MiB (all)", "peak (all)", "peak/worker",
+                f"median of {STEPS} after a warm-up; peak memory (GiB) over those steps",
+                ["N", "vision", "llm", "step s", "vs N=1", "live GiB (all)", "peak (all)", PEAK_KEY,
                  "step growth"], rows)
 
     # A fixed batch for the actor-alone runs: one rollout from the first hybrid run.
@@ -218,11 +230,14 @@ def main(argv: list[str] | None = None) -> None:
         alone = memory_of(variant(cfg, *layout), batch, prompts[0], params, hybrid=False)
         hybrid = memory_of(variant(cfg, *layout), batch, prompts[0], params, hybrid=True)
         n, v, l = layout
-        rows.append([str(n), v, l, f"{alone.total_mb:.0f}", f"{alone.growth_mb:+.0f}", f"{hybrid.total_mb:.0f}",
-                     f"{hybrid.growth_mb:+.0f}", f"{hybrid.total_mb / alone.total_mb:.2f}x"])
-    print_table("Peak RSS of one step, all workers (MiB): actor alone (log-probs + update) vs actor + rollout + "
-                "reference; growth = peak minus the live memory the step started from",
-                ["N", "vision", "llm", "actor peak", "actor growth", "hybrid peak", "hybrid growth", "ratio"], rows)
+        rows.append([str(n), v, l, f"{max(alone.peak_gb):.3f}", f"{alone.total_gb:.3f}", f"{alone.growth_gb:+.3f}",
+                     f"{max(hybrid.peak_gb):.3f}", f"{hybrid.total_gb:.3f}", f"{hybrid.growth_gb:+.3f}",
+                     f"{hybrid.total_gb / alone.total_gb:.2f}x"])
+    print_table("Peak memory of one step (GiB): actor alone (log-probs + update) vs actor + rollout + reference; "
+                f"{PEAK_KEY} = the largest worker's, all = summed over the workers, growth = the peak minus the live "
+                "memory the step started from",
+                ["N", "vision", "llm", f"actor {PEAK_KEY}", "actor all", "actor growth", f"hybrid {PEAK_KEY}",
+                 "hybrid all", "hybrid growth", "ratio (all)"], rows)
 
     first = prompts[0].objects
     images = sum(len(i) + len(v) for i, v in zip(first["images"], first.get("videos", [[]] * len(prompts[0]))))

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import ctypes
 import datetime
-import gc
 import os
-import resource
 import socket
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from mmrl.controller.dispatch import Dispatch, register
+from mmrl.perf_memory import PEAK_KEY, group_peak_gb, peak_gb, reset_peak
 
 
 def resolve_device(kind: str = "auto", local_rank: int = 0) -> torch.device:
@@ -23,27 +20,6 @@ def resolve_device(kind: str = "auto", local_rank: int = 0) -> torch.device:
             raise RuntimeError("resources.device=cuda but no CUDA device is visible; use resources.device=auto")
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
-
-
-def _status_mb(field: str) -> float | None:
-    """A memory field of /proc/self/status (e.g. VmRSS, VmHWM) in MiB; None where /proc is missing."""
-    status = Path("/proc/self/status")
-    if status.is_file():
-        for line in status.read_text().splitlines():
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1]) / 1024
-    return None
-
-
-def rss_mb() -> float:
-    """Current resident memory of this process, MiB (0 where /proc is missing)."""
-    return _status_mb("VmRSS") or 0.0
-
-
-def peak_rss_mb() -> float:
-    """VmHWM (peak RSS, resettable through /proc/self/clear_refs) or, elsewhere, ru_maxrss; MiB."""
-    peak = _status_mb("VmHWM")
-    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 class Worker:
@@ -83,10 +59,12 @@ class Worker:
 
     @register(Dispatch.ONE_TO_ALL)
     def drop_prompts(self) -> None:
-        """A new step: drop the prompt encodings this rank holds (:mod:`mmrl.workers.prompts`), if any."""
+        """A new step: drop the prompt encodings this rank holds (:mod:`mmrl.workers.prompts`), if any, and open
+        the step's peak-memory window (:mod:`mmrl.perf_memory`)."""
         cache = getattr(self, "prompt_cache", None)
         if cache is not None:
             cache.clear()
+        reset_peak(self.device)
 
     @register(Dispatch.ONE_TO_ALL)
     def torch_threads(self) -> int:
@@ -101,24 +79,20 @@ class Worker:
         return ray.get_runtime_context().get_node_id()
 
     @register(Dispatch.ONE_TO_ALL)
-    def peak_rss_mb(self) -> float:
-        """Peak resident memory of this worker process (since start or the last reset), MiB."""
-        return peak_rss_mb()
+    def peak_memory_gb(self) -> float:
+        """This rank's peak memory in the current window (see :mod:`mmrl.perf_memory`), GiB."""
+        return peak_gb(self.device)
 
     @register(Dispatch.ONE_TO_ALL)
-    def reset_peak_rss(self) -> float:
-        """Start a new peak-memory window (Linux) and return the resident memory it starts from, MiB.
+    def reset_peak_memory(self) -> float:
+        """Open a new peak-memory window from the live memory (garbage collected, freed heap handed back to the
+        OS first); returns that live memory, GiB."""
+        return reset_peak(self.device, trim=True)
 
-        Freed heap is first handed back to the OS (glibc ``malloc_trim``), so that the start is the live
-        memory rather than what loading once touched.
-        """
-        gc.collect()
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-            Path("/proc/self/clear_refs").write_text("5")
-        except OSError:
-            pass
-        return rss_mb()
+    def memory_metrics(self, group: str) -> dict[str, float]:
+        """``perf/max_memory_gb/<group>``: the largest peak of this group's ranks in the current window, for a
+        method's returned metrics (a collective: every rank of the group calls it)."""
+        return {f"{PEAK_KEY}/{group}": group_peak_gb(self.device, self.rank, self.world_size, self.all_reduce_sum)}
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, in place; a no-op for one rank.

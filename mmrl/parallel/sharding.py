@@ -13,6 +13,9 @@ The root module (a :class:`~mmrl.models.forward.PolicyForward` or
 :class:`~mmrl.models.forward.ValueModel`) is sharded last, with the LLM's strategy; it owns the
 embeddings, the final norm and the head, and ignores a replicated vision encoder.
 
+Activation checkpointing (``activation_checkpointing`` of each part, :mod:`mmrl.parallel.checkpointing`) is
+applied to the part's blocks before they are sharded.
+
 Gradients: FSDP2 averages by default; here every loss is already normalised by the global token count,
 so FSDP's divide factor is set to 1 and gradients are *summed*, like the replicated parts.
 """
@@ -29,6 +32,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from mmrl.config import PartConfig
+from mmrl.parallel.checkpointing import apply_activation_checkpointing
 
 _MESHES: dict[tuple[str, tuple[int, ...]], DeviceMesh] = {}
 
@@ -68,6 +72,12 @@ class Layout:
         return [*self.sharded, *self.replicated]
 
 
+def model_blocks(root: nn.Module) -> tuple[nn.Module, list[nn.Module], list[nn.Module]]:
+    """(the vision tower, its blocks, the LLM's decoder layers) of ``root``: the one place that finds them."""
+    visual = root.core.visual
+    return visual, list(visual.blocks), list(root.core.language_model.layers)
+
+
 def shard_parts(root: nn.Module, vision: PartConfig, llm: PartConfig, world_size: int, device: torch.device) -> Layout:
     """Apply ``vision`` and ``llm`` layouts to ``root`` in place.
 
@@ -75,12 +85,15 @@ def shard_parts(root: nn.Module, vision: PartConfig, llm: PartConfig, world_size
     (its ``.core`` is the VLM, its ``.always_run_vision`` is set here).
 
     Must run on every rank with the same arguments. A frozen part keeps ``requires_grad=False`` and so
-    gets no gradients and no optimizer state.
+    gets no gradients and no optimizer state. A part's activation checkpointing is set before it is sharded.
     """
-    visual, layers = root.core.visual, root.core.language_model.layers
+    visual, blocks, layers = model_blocks(root)
+    for part, spec, units in (("vision", vision, blocks), ("llm", llm, layers)):
+        if spec.activation_checkpointing:
+            apply_activation_checkpointing(units, part)
     if vision.strategy != "replicate":
         mesh = device_mesh(vision, world_size, device)
-        for block in visual.blocks:
+        for block in blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(visual, mesh=mesh)
     if llm.strategy != "replicate":

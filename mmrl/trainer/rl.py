@@ -29,6 +29,7 @@ from mmrl.controller import ResourcePool, WorkerFailure, WorkerGroup
 from mmrl.controller.session import ensure_ray, worker_shape
 from mmrl.controller.worker import resolve_device
 from mmrl.models.loading import check_checkpoint, load_processor
+from mmrl.perf_memory import PEAK_KEY
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
 from mmrl.run_config import prepare_run_config
@@ -196,11 +197,12 @@ class RLTrainer:
             metrics |= self.update(batch)
             syncs += self.sync_weights(wake=False)
         metrics |= step_metrics(batch) | value_metrics(batch) | {"rollout/weight_syncs": float(syncs)}
+        metrics |= self.memory_metrics(metrics)
         return metrics | timing_metrics(batch, self.timing, self.workers.world_size)
 
     def begin_step(self) -> int:
-        """Every group drops the last step's prompt encodings; the engine gets the current weights (when its
-        copy is behind or was freed). Returns the number of weight syncs (0 or 1)."""
+        """Every group drops the last step's prompt encodings and opens its peak-memory window; the engine gets
+        the current weights (when its copy is behind or was freed). Returns the number of weight syncs (0 or 1)."""
         for group in (self.workers, *self.groups.values()):
             group.forget_prompts()
         return self.sync_weights(wake=True)
@@ -263,6 +265,16 @@ class RLTrainer:
             metrics |= self.workers.update_actor(batch)[0]
         skipped = metrics.get("actor/skipped_updates", 0.0) + metrics.get("critic/skipped_updates", 0.0)
         return metrics | {"trainer/skipped_step": float(skipped > 0)}
+
+    def memory_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """``perf/max_memory_gb/<group>`` (the largest peak of the group's ranks in this step: actor, critic,
+        reward_model, judge) and ``perf/max_memory_gb`` (the largest of them). A group's update reports its own
+        in ``metrics`` (its peak up to the update's end); the other groups are asked at the step's end."""
+        peaks = {}
+        for name, group in {"actor": self.workers, **self.groups}.items():
+            key = f"{PEAK_KEY}/{name}"
+            peaks[key] = metrics[key] if key in metrics else max(group.peak_memory_gb())
+        return peaks | {PEAK_KEY: max(peaks.values())}
 
     def count_skip(self, step: int, metrics: dict[str, float]) -> None:
         """Stop the run when more than ``trainer.max_skipped_steps`` steps in a row skipped their update."""

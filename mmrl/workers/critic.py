@@ -94,8 +94,9 @@ class CriticWorker(CheckpointedWorker):
 
     @register(Dispatch.DP_COMPUTE, fields=(*SCORED, "values", "returns"), optional=("policy_mask",), prompts=True)
     def update_critic(self, batch: Batch) -> dict[str, float]:
-        """Value-loss epochs over the batch (values = rollout-time values, returns = GAE targets)."""
-        return self.updater.update(self.prompt_cache.attach(batch))
+        """Value-loss epochs over the batch (values = rollout-time values, returns = GAE targets); the metrics
+        hold the group's peak memory of the step so far."""
+        return self.updater.update(self.prompt_cache.attach(batch)) | self.memory_metrics("critic")
 
     @register(Dispatch.RANK_ZERO)
     def save_checkpoint(self, path: str) -> str:

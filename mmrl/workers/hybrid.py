@@ -165,11 +165,11 @@ class ActorRolloutRefWorker(CheckpointedWorker):
     @register(Dispatch.DP_COMPUTE, fields=(*SCORED, "advantages"),
               optional=("policy_mask", "old_log_probs", "ref_log_probs", *LOSS_FIELDS), prompts=True)
     def update_actor(self, batch: Batch) -> dict[str, float]:
-        """PPO epochs over the batch; returns metrics that are identical on every rank. The weights' version
-        moves on by one."""
+        """PPO epochs over the batch; returns metrics that are identical on every rank, the group's peak memory
+        of the step so far among them. The weights' version moves on by one."""
         metrics = self.updater.update(self.prompt_cache.attach(batch))
         self.version += 1
-        return metrics | {"actor/weight_version": float(self.version)}
+        return metrics | {"actor/weight_version": float(self.version)} | self.memory_metrics("actor")
 
     @register(Dispatch.ONE_TO_ALL)
     def save_state(self, folder: str) -> None:

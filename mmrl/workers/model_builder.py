@@ -19,7 +19,7 @@ A new role (a LoRA actor) is one more entry of ``ROLES``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -78,8 +78,9 @@ def build_model(
         root.eval().requires_grad_(False)
     elif section is not None and section.vision.freeze:
         root.core.visual.requires_grad_(False)
-    layouts = distributed and section is not None
-    vision, llm = (section.vision, section.llm) if layouts else (VisionPartConfig(), PartConfig())
+    vision, llm = (section.vision, section.llm) if section is not None else (VisionPartConfig(), PartConfig())
+    if not distributed:  # one process: both parts replicated, but each keeps its activation checkpointing
+        vision, llm = (replace(p, strategy="replicate") for p in (vision, llm))
     return shard_parts(root, vision, llm, world_size, device)
 
 

@@ -106,14 +106,18 @@ def test_ppo_with_a_sharded_critic_runs_end_to_end(tiny_config, tmp_path, placem
     cfg.actor.vision.strategy, cfg.actor.llm.strategy = "replicate", "fsdp"
     cfg.critic.vision.strategy, cfg.critic.llm.strategy = "fsdp", "replicate"
     cfg.critic.placement = placement
+    cfg.actor.llm.activation_checkpointing = cfg.critic.vision.activation_checkpointing = True  # on sharded parts
     result = run_rl(cfg)
     client = MlflowClient(cfg.tracking.uri)
     run = client.get_run(result["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     for key in ["critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm",
                 "critic/values/mean", "critic/returns/mean", "critic/vf_explained_var", "timing_s/values",
-                "timing_s/update_critic", "actor/pg_loss", "val/acc"]:
+                "timing_s/update_critic", "actor/pg_loss", "val/acc", "perf/max_memory_gb/actor",
+                "perf/max_memory_gb/critic", "perf/max_memory_gb"]:
         assert key in run.data.metrics, key
+    peaks = {k: v for k, v in run.data.metrics.items() if k.startswith("perf/max_memory_gb")}
+    assert 0 < peaks["perf/max_memory_gb/critic"] and peaks["perf/max_memory_gb"] == max(peaks.values())
     losses = [m.value for m in client.get_metric_history(run.info.run_id, "critic/vf_loss")]
     assert len(losses) == 2 and all(v > 0 for v in losses)  # zero-initialised head vs non-zero returns
     assert (Path(cfg.trainer.out_dir) / "checkpoint" / "config.json").is_file()
