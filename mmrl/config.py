@@ -300,6 +300,10 @@ class ActorConfig(UpdateConfig):
     rollout: the engine's own (they match the trainer's within 1e-4 on the hf and vLLM engines); auto: with
     one epoch and one mini-batch (an on-policy step) the update's own forward, detached, which equals them,
     so the pass is skipped; otherwise recompute."""
+    logprob_chunk_tokens: int = num(0, ge=0)
+    """Tokens per chunk of the LM head when scoring tokens (log-probs, entropy; the actor, the reference and
+    SFT): the head's logits exist for one chunk at a time, forward and backward. 0: automatic, as many tokens
+    as keep a chunk's float32 logits within 128 MiB (220 tokens at a 151,936-token vocabulary)."""
 
 
 @dataclass(kw_only=True)

@@ -1,4 +1,5 @@
-"""The training-side forward of a Qwen2/2.5-VL model: the vision tower runs exactly once per call.
+"""The training-side forward of a Qwen2/2.5-VL model: the vision tower runs exactly once per call, and the
+policy's forward returns token log-probs, not logits.
 
 Hugging Face's forward calls the vision tower once for images and once more for videos, and not at all
 for a text-only batch. When the vision tower is sharded (FSDP), every call is a collective, so ranks
@@ -6,6 +7,10 @@ whose micro-batches differ in media would issue different collectives and hang. 
 once per forward on all ranks: on the concatenated image and video patches, or on a one-token dummy
 image when the micro-batch has none (its output enters the result multiplied by zero, so the backward
 reaches the tower too). The features are handed to the model through ``mm_encoder_outputs``.
+
+:class:`PolicyForward` scores response tokens inside its own forward: the language model's final hidden states
+of the scored tokens go through the LM head in chunks of tokens (:mod:`mmrl.models.scoring`), so memory never
+holds (batch, tokens, vocabulary) logits.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from mmrl.models.encoding import MEDIA_KINDS, shared_keys
 from mmrl.models.packing import additive
+from mmrl.models.scoring import Scoring, score_tokens
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 VISION_ONLY = ("pixel_values", "pixel_values_videos", *shared_keys("image"), *shared_keys("video"))
@@ -86,10 +92,12 @@ def text_inputs(inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
 
 
 class PolicyForward(nn.Module):
-    """Wraps a ``*ForConditionalGeneration`` model; ``forward(inputs, logits_to_keep)`` -> logits.
+    """Wraps a ``*ForConditionalGeneration`` model; ``forward(inputs, responses, scored, scoring)`` -> the
+    log-prob (and entropy) of each scored response token.
 
-    It is the root module that FSDP shards, so that one call gathers every part it needs.
-    ``always_run_vision`` must be set when the vision tower is sharded.
+    It is the root module that FSDP shards, so that one call gathers every part it needs, the LM head included:
+    the head runs inside this call, in chunks of tokens (:mod:`mmrl.models.scoring`), so no (B, R, V) logits
+    are ever formed. ``always_run_vision`` must be set when the vision tower is sharded.
     """
 
     def __init__(self, model: nn.Module, always_run_vision: bool = False) -> None:
@@ -101,30 +109,45 @@ class PolicyForward(nn.Module):
     def core(self) -> nn.Module:
         return core_model(self.model)
 
-    def forward(self, inputs: dict[str, torch.Tensor], logits_to_keep: int) -> torch.Tensor:
-        """inputs: collated (B, L) ids/masks and media -> logits (B, logits_to_keep, V).
+    def forward(self, inputs: dict[str, torch.Tensor], responses: torch.Tensor, scored: torch.Tensor,
+                scoring: Scoring) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """inputs: prompts + responses, collated ((B, P+R) rows, :func:`mmrl.models.encoding.collate`) or packed
+        (:func:`mmrl.models.packing.pack`, with ``packed_gather`` (B, R)); responses (B, R) int; scored (B, R)
+        bool: the tokens to score (inside the extent the inputs were built with).
 
-        Packed inputs (:func:`mmrl.models.packing.pack`, which has ``packed_gather`` (B, R)): logits (B, R, V) of
-        the states that predict each response token; ``logits_to_keep`` is ignored.
+        Returns logp (B, R) and entropy (B, R) (None unless ``scoring.with_entropy``), float32, 0 where not
+        scored. Only the N scored tokens' final hidden states (N, H) reach the head.
         """
         media, anchor = encode_media(self.core, inputs, self.always_run_vision)
-        if "packed_gather" in inputs:
-            logits = self.packed_logits(inputs, media)
-        else:
-            logits = self.model(**text_inputs(inputs), mm_encoder_outputs=media or None,
-                                logits_to_keep=logits_to_keep, use_cache=False).logits
-        return logits if anchor is None else logits + anchor
+        states = self.scored_states(inputs, media, scored)
+        logp, entropy = score_tokens(states, self.model.get_output_embeddings(), responses[scored], scoring)
+        logp = scatter(scored, logp)
+        entropy = None if entropy is None else scatter(scored, entropy)
+        return (logp if anchor is None else logp + anchor), entropy
 
-    def packed_logits(self, inputs: dict[str, torch.Tensor], media: dict[str, BaseModelOutputWithPooling]) -> torch.Tensor:
-        """Packed (G, W) rows -> logits (B, R, V): the LM head runs on the gathered response states only."""
+    def scored_states(self, inputs: dict[str, torch.Tensor], media: dict[str, BaseModelOutputWithPooling],
+                      scored: torch.Tensor) -> torch.Tensor:
+        """The final hidden states (N, H) that predict the N scored tokens, in row-major (B, R) order.
+
+        Unpacked (B, P+R) rows: the states at the last R+1 positions but the last. Packed (G, W) rows: the
+        states ``packed_gather`` points at.
+        """
+        packed = "packed_gather" in inputs
         rest = {k: v for k, v in text_inputs(inputs).items() if k not in ("packed_gather", "packed_mask")}
-        mask = inputs["packed_mask"]
-        if self.core.config._attn_implementation == "eager":  # sdpa takes the bool mask; eager adds a bias
-            mask = additive(mask, self.core.get_input_embeddings().weight.dtype)
-        hidden = self.core(**rest, attention_mask=mask, mm_encoder_outputs=media or None,
-                           use_cache=False).last_hidden_state
-        states = hidden.reshape(-1, hidden.shape[-1])[inputs["packed_gather"]]
-        return self.model.lm_head(states)
+        if packed:
+            mask = inputs["packed_mask"]
+            if self.core.config._attn_implementation == "eager":  # sdpa takes the bool mask; eager adds a bias
+                mask = additive(mask, self.core.get_input_embeddings().weight.dtype)
+            rest["attention_mask"] = mask
+        hidden = self.core(**rest, mm_encoder_outputs=media or None, use_cache=False).last_hidden_state
+        if packed:
+            return hidden.reshape(-1, hidden.shape[-1])[inputs["packed_gather"][scored]]
+        return hidden[:, -(scored.shape[1] + 1) : -1][scored]
+
+
+def scatter(scored: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """values (N,) of the scored tokens -> (B, R), 0 where ``scored`` (B, R) is False."""
+    return torch.zeros(scored.shape, dtype=values.dtype, device=values.device).masked_scatter(scored, values)
 
 
 class ValueModel(nn.Module):

@@ -20,9 +20,11 @@ def step_metrics(batch: Batch) -> dict[str, float]:
     mask = policy_mask(batch)
     scores = batch["token_level_rewards"].sum(-1)
     adv = batch["advantages"][mask.bool()]
-    trainer_side = {}  # absent when an on-policy step took its old log-probs inside the update
+    # Absent when an on-policy step took its old log-probs inside the update (or from the rollout): the entropy
+    # is the log-prob pass's, of the policy before the update (the update computes one only for its bonus).
+    trainer_side = {}
     if "entropy" in batch.tensors:
-        trainer_side["actor/entropy_old"] = float((batch["entropy"] * mask).sum() / mask.sum())
+        trainer_side["actor/entropy"] = float((batch["entropy"] * mask).sum() / mask.sum())
     if "old_log_probs" in batch.tensors and "rollout_log_probs" in batch.tensors:
         diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs() * mask
         trainer_side["rollout/logprob_diff_max"] = float(diff.max())

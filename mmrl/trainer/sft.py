@@ -69,6 +69,7 @@ class SFTTrainer:
         logp, _ = response_logprobs(
             self.policy, [self.prompts[i] for i in indices], ids, mask,
             pad_token_id=self.tokenizer.pad_token_id, banned_ids=self.banned, temperature=1.0, device=self.device,
+            chunk_tokens=self.cfg.actor.logprob_chunk_tokens,
         )
         return -(logp.sum() / mask.to(self.device).sum())
 

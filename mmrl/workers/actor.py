@@ -31,6 +31,7 @@ class LogProbSpec:
     micro_batch_size: int
     max_tokens_per_micro: int = 0
     share_prompt: bool = False
+    chunk_tokens: int = 0  # of the LM head (actor.logprob_chunk_tokens; 0: automatic)
 
 
 def batched_logprobs(
@@ -40,9 +41,9 @@ def batched_logprobs(
     device: torch.device,
     with_entropy: bool,
     all_reduce: AllReduce | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """No-grad log-probs and entropy (each (B, R), 0 at holes and padding) of ``batch['responses']``,
-    micro-batch by micro-batch.
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """No-grad log-probs and, ``with_entropy``, entropy (each (B, R), 0 at holes and padding; else None) of
+    ``batch['responses']``, micro-batch by micro-batch.
 
     policy: a (possibly sharded) :class:`~mmrl.models.forward.PolicyForward`. ``all_reduce`` (a sum over
     ranks) keeps the micro-batch count equal on all ranks under a token budget.
@@ -56,13 +57,15 @@ def batched_logprobs(
                 policy, micro["prompt"], micro["responses"], micro["response_mask"],
                 pad_token_id=spec.pad_token_id, banned_ids=spec.banned_ids,
                 temperature=spec.temperature, device=device, share_prompt=spec.share_prompt,
-                policy_mask=micro.tensors.get("policy_mask"),
+                policy_mask=micro.tensors.get("policy_mask"), with_entropy=with_entropy,
+                chunk_tokens=spec.chunk_tokens,
             )
             if micro.meta.get(FILLER):
                 continue
             logps.append(logp.cpu())
-            entropies.append(ent.cpu() if with_entropy else torch.zeros_like(logp).cpu())
-    return torch.cat(logps), torch.cat(entropies)
+            if ent is not None:
+                entropies.append(ent.cpu())
+    return torch.cat(logps), torch.cat(entropies) if with_entropy else None
 
 
 def on_policy(cfg: UpdateConfig) -> bool:
@@ -117,7 +120,8 @@ class PolicyUpdater(DataParallelUpdater):
             self.layout.root, micro["prompt"], micro["responses"], micro["response_mask"],
             pad_token_id=self.spec.pad_token_id, banned_ids=self.spec.banned_ids,
             temperature=self.spec.temperature, device=dev, share_prompt=self.share_prompt,
-            policy_mask=micro.tensors.get("policy_mask"),
+            policy_mask=micro.tensors.get("policy_mask"), with_entropy=bool(cfg.entropy_coeff),
+            chunk_tokens=self.spec.chunk_tokens,
         )
         # On-policy (old_log_probs=update) the ratio's denominator is this forward's own log-probs, detached.
         old = micro["old_log_probs"].to(dev) if "old_log_probs" in micro.tensors else logp.detach()
@@ -129,9 +133,9 @@ class PolicyUpdater(DataParallelUpdater):
         tokens = float(mask.sum())
         sums = {key: value * tokens for key, value in pg_metrics.items()}  # per-token means -> sums
         sums["pg_loss"] = float(pg_loss.detach())
-        sums["entropy"] = float((entropy.detach() * mask).sum())
         horizon = cfg.loss_horizon
-        if cfg.entropy_coeff:
+        if entropy is not None:  # only with the bonus; the step's actor/entropy is the log-prob pass's
+            sums["entropy_update"] = float((entropy.detach() * mask).sum())
             loss = loss - cfg.entropy_coeff * aggregate(entropy, mask, cfg.loss_agg_mode, denominator, horizon)
         if cfg.use_kl_loss:
             kl = kl_penalty(logp, micro["ref_log_probs"].to(dev), cfg.kl_estimator)

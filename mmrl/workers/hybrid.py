@@ -83,6 +83,7 @@ class ActorRolloutRefWorker(CheckpointedWorker):
             micro_batch_size=cfg.actor.micro_batch_size,
             max_tokens_per_micro=cfg.actor.max_tokens_per_micro,
             share_prompt=cfg.actor.share_prompt and cfg.model.attn_implementation != "flash_attention_2",
+            chunk_tokens=cfg.actor.logprob_chunk_tokens,
         )
         self.updater = PolicyUpdater(
             self.actor, cfg.actor, policy_loss(cfg), self.spec, self.device, self.all_reduce_sum

@@ -183,7 +183,8 @@ def entropy_reference(model, batch, spec) -> torch.Tensor:
 
 def test_the_entropy_bonus_adds_minus_coef_times_the_mean_entropy(rollout_batch):
     """With actor.entropy_coeff, the gradient is that of pg_loss - coef * token-mean entropy, the entropy
-    computed here from a per-sample forward; with coef 0 it is pg_loss's alone (the bonus changes it)."""
+    computed here from a per-sample forward, and actor/entropy_update is that mean; with coef 0 it is pg_loss's
+    alone (the bonus changes it) and no entropy is logged."""
     model, batch, spec = rollout_batch
     coef = 0.5
     reference = copy.deepcopy(model).train()
@@ -194,16 +195,19 @@ def test_the_entropy_bonus_adds_minus_coef_times_the_mean_entropy(rollout_batch)
     entropy = entropy_reference(reference, batch, spec)
     (pg - coef * (entropy * mask).sum() / mask.sum()).backward()
     torch.nn.utils.clip_grad_norm_(reference.parameters(), 1e9)
-    grads = {}
+    grads, metrics = {}, {}
     for c in (coef, 0.0):
         trained = copy.deepcopy(model)
         cfg = ActorConfig(lr=1e-2, warmup_steps=0, num_mini_batches=1, entropy_coeff=c, grad_clip=1e9)
-        metrics = updater_for(trained, cfg, spec).update(batch)
+        metrics[c] = updater_for(trained, cfg, spec).update(batch)
         grads[c] = dict(trained.named_parameters())
     for name, q in reference.named_parameters():
         assert torch.allclose(grads[coef][name].grad, q.grad, atol=1e-6, rtol=1e-4), name
     assert any(not torch.allclose(grads[0.0][n].grad, q.grad, atol=1e-6) for n, q in reference.named_parameters())
-    assert metrics["actor/entropy"] == pytest.approx(float((entropy * mask).sum() / mask.sum()), rel=1e-4)
+    # The entropy the bonus acts on is logged; without the bonus the update computes none and logs none.
+    assert metrics[coef]["actor/entropy_update"] == pytest.approx(float((entropy.detach() * mask).sum() / mask.sum()),
+                                                                  rel=1e-4)
+    assert not any("entropy" in key for key in metrics[0.0])
 
 
 def test_the_positive_example_lm_loss_imitates_only_the_correct_samples(rollout_batch):

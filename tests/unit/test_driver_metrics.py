@@ -29,7 +29,7 @@ def test_step_metrics_read_every_valid_token_and_no_padding():
     assert metrics["response_length/mean"] == pytest.approx(8 / 3)
     assert metrics["response_length/clip_ratio"] == pytest.approx(1 / 3)
     entropy = [float(batch["entropy"][i, t]) for i, n in enumerate(lengths) for t in range(n)]
-    assert metrics["actor/entropy_old"] == pytest.approx(sum(entropy) / 8)
+    assert metrics["actor/entropy"] == pytest.approx(sum(entropy) / 8)
     assert metrics["rollout/logprob_diff_max"] == pytest.approx(0.1)
 
 

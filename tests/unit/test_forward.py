@@ -12,6 +12,7 @@ from PIL import Image
 from mmrl.models.encoding import collate, encode_prompt
 from mmrl.models.forward import PolicyForward, ValueModel, core_model
 from mmrl.models.loading import load_model, load_processor
+from mmrl.models.scoring import Scoring
 from mmrl.models.weights import to_hf_names
 from mmrl.parallel.sharding import full_state
 from mmrl.rollout.base import SamplingParams
@@ -33,28 +34,40 @@ def inputs_for(processor, with_image: bool) -> dict[str, torch.Tensor]:
     return collate([prompt, prompt], processor.tokenizer.pad_token_id)
 
 
+def score_last(policy: PolicyForward, inputs: dict[str, torch.Tensor], count: int, entropy: bool = False):
+    """PolicyForward's log-probs (and entropies) of the last ``count`` input tokens, as if they were a response."""
+    targets = inputs["input_ids"][:, -count:]
+    return policy(inputs, targets, torch.ones(targets.shape, dtype=torch.bool), Scoring(1.0, with_entropy=entropy))
+
+
+def hf_last(model, inputs: dict[str, torch.Tensor], count: int) -> torch.Tensor:
+    """The same from Hugging Face's logits: the states before each of the last ``count`` tokens."""
+    logits = model(**inputs, use_cache=False).logits[:, -(count + 1) : -1].float()
+    return torch.log_softmax(logits, -1).gather(-1, inputs["input_ids"][:, -count:, None]).squeeze(-1)
+
+
 def test_policy_forward_equals_the_hugging_face_forward(model_and_processor):
     model, processor = model_and_processor
     for with_image in (True, False):
         inputs = inputs_for(processor, with_image)
-        expected = model(**inputs, use_cache=False).logits[:, -3:]
-        got = PolicyForward(model)(inputs, 3)
-        assert torch.allclose(got, expected, atol=1e-5), with_image
+        got, entropy = score_last(PolicyForward(model), inputs, 3)
+        assert entropy is None
+        assert torch.allclose(got, hf_last(model, inputs, 3), atol=1e-5), with_image
 
 
 def test_dummy_vision_call_changes_nothing_but_reaches_the_tower(model_and_processor):
-    """A text-only batch with always_run_vision: same logits, and the backward reaches the vision tower."""
+    """A text-only batch with always_run_vision: same log-probs, and the backward reaches the vision tower."""
     model, processor = model_and_processor
     model = copy.deepcopy(model)
     inputs = inputs_for(processor, with_image=False)
-    plain = PolicyForward(model)(inputs, 2)
+    plain, _ = score_last(PolicyForward(model), inputs, 2)
     calls = []
     hook = core_model(model).visual.register_forward_hook(lambda *_: calls.append(1))
-    logits = PolicyForward(model, always_run_vision=True)(inputs, 2)
+    logp, _ = score_last(PolicyForward(model, always_run_vision=True), inputs, 2)
     hook.remove()
     assert calls == [1]
-    assert torch.equal(logits, plain)
-    logits.sum().backward()
+    assert torch.equal(logp, plain)
+    logp.sum().backward()
     grads = [p.grad for p in core_model(model).visual.parameters()]
     assert all(g is not None and float(g.abs().max()) == 0.0 for g in grads)
 
@@ -72,16 +85,16 @@ def image_and_video_inputs(processor) -> dict[str, torch.Tensor]:
 
 def test_images_and_videos_share_one_vision_call(model_and_processor):
     """Counts tower calls on a prompt with an image and a video: Hugging Face's forward calls the tower
-    once per modality, PolicyForward once per forward; both give the same logits."""
+    once per modality, PolicyForward once per forward; both give the same log-probs."""
     model, processor = model_and_processor
     inputs = image_and_video_inputs(processor)
     assert inputs["video_grid_thw"].tolist() == [[4, 4, 4]] and inputs["image_grid_thw"].tolist() == [[1, 6, 4]]
     calls = []
     hook = core_model(model).visual.register_forward_hook(lambda *_: calls.append(1))
     with torch.no_grad():
-        expected = model(**inputs, use_cache=False).logits[:, -3:]
+        expected = hf_last(model, inputs, 3)
         hf_calls, calls[:] = len(calls), []
-        got = PolicyForward(model)(inputs, 3)
+        got, _ = score_last(PolicyForward(model), inputs, 3)
     hook.remove()
     assert hf_calls == 2 and calls == [1]
     assert torch.allclose(got, expected, atol=1e-5)
@@ -133,8 +146,8 @@ def test_update_weights_names_a_wrong_or_missing_tensor(model_and_processor):
 
 def test_shared_media_runs_each_distinct_prompt_once_with_the_same_logits_and_gradients(model_and_processor):
     """The n samples of a prompt share one object; collate(share_media=True) sends its pixels once. On a batch
-    mixing two images, an image + a video and text, repeated and interleaved, the logits equal the unshared
-    forward's to 1e-5 and the gradients to 1e-6 (abs) / 1e-4 (rel)."""
+    mixing two images, an image + a video and text, repeated and interleaved, the log-probs and entropies equal
+    the unshared forward's to 1e-5 and the gradients to 1e-6 (abs) / 1e-4 (rel)."""
     from mmrl.schema import Video
 
     model, processor = model_and_processor
@@ -158,11 +171,12 @@ def test_shared_media_runs_each_distinct_prompt_once_with_the_same_logits_and_gr
     results = []
     for inputs in (plain, shared):
         trained = copy.deepcopy(model)
-        logits = PolicyForward(trained)(inputs, 5)
-        (logits.float().pow(2).mean()).backward()
-        results.append((logits.detach(), {n: p.grad.clone() for n, p in trained.named_parameters() if p.grad is not None}))
-    (logits_a, grads_a), (logits_b, grads_b) = results
-    torch.testing.assert_close(logits_b, logits_a, atol=1e-5, rtol=1e-5)
+        logp, entropy = PolicyForward(trained)(inputs, responses, mask > 0, Scoring(0.9, with_entropy=True))
+        (logp.sum() + entropy.sum()).backward()
+        results.append((torch.stack([logp, entropy]).detach(),
+                        {n: p.grad.clone() for n, p in trained.named_parameters() if p.grad is not None}))
+    (scores_a, grads_a), (scores_b, grads_b) = results
+    torch.testing.assert_close(scores_b, scores_a, atol=1e-5, rtol=1e-5)
     assert grads_a.keys() == grads_b.keys() and any("visual" in n for n in grads_a)
     for name in grads_a:
         torch.testing.assert_close(grads_b[name], grads_a[name], atol=1e-6, rtol=1e-4, msg=name)

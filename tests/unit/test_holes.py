@@ -400,7 +400,7 @@ def test_step_and_value_metrics_read_policy_tokens_and_report_both_lengths():
     counts = [len(p) for p in policy_positions(policy)]
     assert metrics["response_length/policy_tokens"] == pytest.approx(sum(counts) / len(counts))
     entropy = [x for row in picked(batch["entropy"], policy) for x in row]
-    assert metrics["actor/entropy_old"] == pytest.approx(sum(entropy) / len(entropy))
+    assert metrics["actor/entropy"] == pytest.approx(sum(entropy) / len(entropy))
     diffs = [abs(x - y) for a, c in zip(picked(batch["rollout_log_probs"], policy), picked(batch["old_log_probs"],
                                                                                        policy)) for x, y in zip(a, c)]
     assert metrics["rollout/logprob_diff_max"] == pytest.approx(max(diffs))

@@ -57,7 +57,7 @@ def setup(tiny_model_dir):
 def logprobs(model, batch, spec, share: bool, policy_mask, banned=()):
     return response_logprobs(PolicyForward(model), batch["prompt"], batch["responses"], batch["response_mask"],
                              pad_token_id=spec.pad_token_id, banned_ids=list(banned), temperature=0.8, device=CPU,
-                             share_prompt=share, policy_mask=policy_mask)
+                             share_prompt=share, policy_mask=policy_mask, with_entropy=True)
 
 
 @pytest.mark.parametrize("share", [False, True])

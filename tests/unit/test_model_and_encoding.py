@@ -7,7 +7,8 @@ from PIL import Image
 from mmrl.models.encoding import collate, encode_prompt, vision_token_ids
 from mmrl.models.loading import load_model, load_processor
 from mmrl.models.forward import PolicyForward
-from mmrl.models.logprobs import gather_logprobs_entropy, policy_log_softmax, response_logprobs
+from mmrl.models.logprobs import policy_log_softmax, response_logprobs
+from mmrl.models.scoring import Scoring, score_tokens
 from mmrl.config import TinyModelConfig
 from mmrl.models.tiny import SPECIAL_TOKENS
 from mmrl.rollout.base import SamplingParams
@@ -71,7 +72,10 @@ def test_log_softmax_bans_tokens_and_entropy_matches_reference():
     probs = torch.softmax(torch.tensor([0.5, 1.0, 0.25]), dim=-1)  # tokens 0, 1, 3 at temperature 2
     assert logp[0, 0, 2] == float("-inf")
     assert torch.allclose(logp[0, 0, [0, 1, 3]].exp(), probs)
-    token_logp, entropy = gather_logprobs_entropy(logp, torch.tensor([[1]]))
+    identity = torch.nn.Linear(4, 4, bias=False)  # the chunked scorer on the same logits
+    torch.nn.init.eye_(identity.weight)
+    with torch.no_grad():
+        token_logp, entropy = score_tokens(logits[0], identity, torch.tensor([1]), Scoring(2.0, (2,), True))
     assert float(token_logp) == pytest.approx(float(probs[1].log()))
     assert float(entropy) == pytest.approx(float(-(probs * probs.log()).sum()))
 

@@ -54,7 +54,7 @@ def logprobs_and_grads(model, rows, responses, mask, processor, share: bool):
     trained = copy.deepcopy(model)
     logp, entropy = response_logprobs(
         PolicyForward(trained), rows, responses, mask, pad_token_id=processor.tokenizer.pad_token_id,
-        banned_ids=[], temperature=0.7, device=torch.device("cpu"), share_prompt=share)
+        banned_ids=[], temperature=0.7, device=torch.device("cpu"), share_prompt=share, with_entropy=True)
     (logp.sum() + 0.1 * entropy.sum()).backward()
     grads = {n: p.grad.clone() for n, p in trained.named_parameters() if p.grad is not None}
     return logp.detach(), entropy.detach(), grads
