@@ -11,9 +11,10 @@ from PIL import Image
 
 from mmrl.algos.actor_loss import ActorLoss
 from mmrl.config import ActorConfig, CriticConfig, PartConfig, VisionPartConfig, load_config
-from mmrl.models.encoding import collate, encode_prompt, vision_token_ids
+from mmrl.models.encoding import encode_prompt, vision_token_ids
 from mmrl.models.forward import PolicyForward, ValueModel
 from mmrl.models.loading import load_model, load_processor
+from mmrl.models.logprobs import response_logprobs
 from mmrl.parallel.checkpointing import apply_activation_checkpointing
 from mmrl.parallel.sharding import model_blocks, shard_parts
 from mmrl.protocol import Batch
@@ -119,8 +120,10 @@ def test_no_grad_passes_and_eval_mode_run_each_block_once(setup):
     expected, _ = batched_logprobs(plain, batch, spec, CPU, with_entropy=False)
     assert torch.equal(logp, expected)
     calls.clear()
-    inputs = collate(batch["prompt"][:2], spec.pad_token_id)
-    root.eval()(inputs, 1).sum().backward()
+    logp, _ = response_logprobs(root.eval(), batch["prompt"][:2], batch["responses"][:2], batch["response_mask"][:2],
+                                pad_token_id=spec.pad_token_id, banned_ids=spec.banned_ids,
+                                temperature=spec.temperature, device=CPU)
+    logp.sum().backward()
     assert calls == {"vision": num_blocks, "llm": num_layers}
 
 
