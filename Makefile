@@ -3,6 +3,7 @@
 #   make rm              a reward model from preference pairs; then make rl CONFIG=configs/rlhf.yaml is RLHF
 #   make test            unit + integration tests
 #   make bench           step time, memory and bytes per worker layout; hf vs vllm rollout throughput
+#   make bench-learning  the learning runs (minutes each) that make test leaves out
 #   make rl CONFIG=configs/grpo_image.yaml ARGS="rollout.n=8 actor.lr=1e-4"
 
 PYTHON      ?= python3
@@ -32,10 +33,10 @@ PIP   := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.mmrl-installed
 STAGE := $(PY) -m pipelines
 
-.PHONY: install model data sft rm rl eval demo bench bench-peer gpu-check test test-unit test-integration ui clean help
+.PHONY: install model data sft rm rl eval demo bench bench-peer bench-learning gpu-check test test-unit test-integration ui clean help
 
 help:
-	@sed -n '1,6p' Makefile
+	@sed -n '1,7p' Makefile
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -87,14 +88,19 @@ bench-peer: $(STAMP)
 gpu-check: $(STAMP)
 	$(STAGE).gpu_check --config $(CONFIG) $(ARGS)
 
+# Learning runs (minutes each) are benchmarks: `make bench-learning`.
 test: $(STAMP)
-	$(PY) -m pytest tests -q $(PYTEST_ARGS)
+	$(PY) -m pytest tests -q -m "not learning" $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
 
 test-integration: $(STAMP)
-	$(PY) -m pytest tests/integration -q $(PYTEST_ARGS)
+	$(PY) -m pytest tests/integration -q -m "not learning" $(PYTEST_ARGS)
+
+# GRPO through the real stack raises the reward on an easy task (an SFT warm start and 30 steps; minutes).
+bench-learning: $(STAMP)
+	$(PY) -m pytest tests -q -m learning $(PYTEST_ARGS)
 
 ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/outputs/mlflow.db --port 5000
