@@ -49,6 +49,8 @@ def batched_logprobs(
     """
     batch.require("prompt", "responses", "response_mask")
     logps, entropies = [], []
+    was_training = policy.training
+    policy.eval()  # no dropout (LoRA's) in a scoring pass
     with torch.no_grad():
         for micro in micro_batches(batch, spec.micro_batch_size, spec.max_tokens_per_micro, spec.share_prompt,
                                    all_reduce):
@@ -62,6 +64,7 @@ def batched_logprobs(
                 continue
             logps.append(logp.cpu())
             entropies.append(ent.cpu() if with_entropy else torch.zeros_like(logp).cpu())
+    policy.train(was_training)
     return torch.cat(logps), torch.cat(entropies)
 
 
