@@ -82,6 +82,12 @@ def apply_lora(model: nn.Module, cfg: LoRAConfig, seed: int) -> nn.Module:
         inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     for name, param in model.named_parameters():
         param.requires_grad_(".lora_" in name)
+    # The embeddings' outputs (the LLM's and the vision tower's) require grad, as with trained embeddings. FSDP2
+    # reduces a unit's gradients when the gradient of its input is computed, or at the end of the backward when
+    # its input needs none. With frozen embeddings, whether the first decoder layer's input needs a gradient would
+    # depend on whether the rank's micro-batch holds images (their features carry the vision adapters'), so
+    # ranks would reduce in different orders and hang.
+    model.enable_input_require_grads()
     return model
 
 
@@ -107,13 +113,20 @@ def adapters_off(module: nn.Module) -> Iterator[nn.Module]:
     layers = [m for m in module.modules() if isinstance(m, BaseTunerLayer)]
     if not layers:
         raise ValueError(f"{type(module).__name__} has no adapters to switch off")
+    # peft's switch also clears the adapters' requires_grad; they are kept, since FSDP2 reads them once, at the
+    # first forward (which may be this one).
+    flags = [(param, param.requires_grad) for layer in layers for param in layer.parameters()]
     for layer in layers:
         layer.enable_adapters(False)
+    for param, flag in flags:
+        param.requires_grad_(flag)
     try:
         yield module
     finally:
         for layer in layers:
             layer.enable_adapters(True)
+        for param, flag in flags:
+            param.requires_grad_(flag)
 
 
 def merged_state(
