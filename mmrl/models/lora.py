@@ -63,10 +63,9 @@ def target_modules(model: nn.Module, cfg: LoRAConfig) -> list[str]:
     return chosen
 
 
-def peft_config(model: nn.Module, cfg: LoRAConfig) -> LoraConfig:
-    """peft's LoraConfig for ``cfg``, with the chosen layers named in full (see :func:`target_modules`)."""
-    return LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                      target_modules=target_modules(model, cfg), bias="none")
+def peft_config(cfg: LoRAConfig, layers: list[str]) -> LoraConfig:
+    """peft's LoraConfig for ``cfg`` on the linear layers named (in full) ``layers``."""
+    return LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=layers, bias="none")
 
 
 def apply_lora(model: nn.Module, cfg: LoRAConfig, seed: int) -> nn.Module:
@@ -75,7 +74,7 @@ def apply_lora(model: nn.Module, cfg: LoRAConfig, seed: int) -> nn.Module:
     ``lora_A`` is initialised from ``seed`` (every rank builds the same adapters; the caller's random state is
     left as it was) and ``lora_B`` is zero, so the adapted model starts equal to the base.
     """
-    config = peft_config(model, cfg)
+    config = peft_config(cfg, target_modules(model, cfg))
     device = next(model.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
@@ -92,9 +91,8 @@ def apply_lora(model: nn.Module, cfg: LoRAConfig, seed: int) -> nn.Module:
 
 
 def export_config(model: nn.Module, cfg: LoRAConfig) -> LoraConfig:
-    """peft's LoraConfig of the adapters injected into the Hugging Face ``model`` (the layers named in full)."""
-    return LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                      target_modules=sorted(lora_layers(model)), bias="none")
+    """peft's LoraConfig of the adapters injected into the Hugging Face ``model``."""
+    return peft_config(cfg, sorted(lora_layers(model)))
 
 
 def lora_layers(module: nn.Module) -> dict[str, LoraLayer]:

@@ -54,9 +54,6 @@ def check_lengths(prompts: Sequence[EncodedPrompt], max_new_tokens: int, max_mod
 
 
 class RolloutEngine(Protocol):
-    owns_weights: bool
-    """False for an engine that runs on the trainer's own module (its weights are the trained ones already)."""
-
     def generate(self, prompts: Sequence[EncodedPrompt], params: SamplingParams) -> RolloutOutput: ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:

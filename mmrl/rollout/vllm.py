@@ -77,8 +77,6 @@ class VLLMRolloutEngine:
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self.asleep = False
 
-    owns_weights = True  # always its own copy, loaded from the checkpoint
-
     @classmethod
     def build(
         cls, cfg: Config, checkpoint: str, processor: Any, device: torch.device, policy: torch.nn.Module | None

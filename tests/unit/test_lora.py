@@ -256,19 +256,25 @@ def test_the_export_writes_a_merged_model_and_the_adapters(tiny_model_dir, batch
     assert torch.allclose(logp, lora, atol=1e-6, rtol=0)
 
 
-def test_generation_with_lora_samples_the_trained_policy(tiny_model_dir, batch, spec):
-    """The hf engine on the actor's own module (replicated) samples with the adapters on: its log-probs are the
-    policy's. An engine with its own copy receives the merged weights (the sharded path: test_sharding)."""
+def test_the_engine_samples_the_trained_policy_from_merged_weights(tiny_model_dir, batch, spec):
+    """The hf engine of a replicated LoRA actor does not run on the actor's module: it receives the merged weights
+    (new tensors for the adapted layers, the actor's own for the rest: no copy), and samples the policy."""
     from mmrl.rollout.base import SamplingParams
     from mmrl.rollout.samples import sample_encoded
 
     worker = lora_worker(tiny_model_dir)
+    engine = worker.engine()
+    assert engine.owns_weights and not any(".lora_" in n for n, _ in engine.model.named_parameters())
     randomise_b(worker.actor.root)
     worker.version += 1
     assert worker.sync_weights() == 1
+    merged = dict(worker.hf_weights())
+    actor = {n.removeprefix("model."): p for n, p in worker.actor.root.named_parameters()}
+    for name, param in engine.model.named_parameters():
+        assert torch.equal(param, merged[name]), name
+        if name in actor:  # not adapted: the actor's tensor itself
+            assert param.data_ptr() == actor[name].data_ptr(), name
     prompts = batch["prompt"][::2]
-    out = sample_encoded(worker.engine(), prompts, SamplingParams(n=2, max_new_tokens=5), worker.version,
-                         with_prompts=True)
+    out = sample_encoded(engine, prompts, SamplingParams(n=2, max_new_tokens=5), worker.version, with_prompts=True)
     logp = worker.compute_log_probs(out)["old_log_probs"]
-    diff = (logp - out["rollout_log_probs"]).abs() * out["response_mask"]
-    assert float(diff.max()) < 1e-4
+    assert float(((logp - out["rollout_log_probs"]).abs() * out["response_mask"]).max()) < 1e-4
