@@ -271,6 +271,29 @@ class UpdateConfig:
     """Layout of the language model (embeddings, decoder layers, head)."""
 
 
+# The language model's linear layers in Qwen2/2.5/3-VL decoder layers (attention and MLP projections).
+LLM_LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(kw_only=True)
+class LoRAConfig:
+    """Low-rank adapters (peft LoRA) on the actor: the base weights stay frozen, only the adapters train; the KL
+    reference is the base with the adapters switched off, and the rollout engine gets merged weights."""
+
+    rank: int = num(0, ge=0)
+    """Rank of each adapter; 0: no LoRA (full fine-tuning)."""
+    alpha: float = num(32.0, gt=0)
+    """The adapters' output is scaled by ``alpha / rank``."""
+    dropout: float = num(0.0, ge=0, le=0.9)
+    """Dropout on the adapters' input while training (0: the update's forward equals the log-prob passes')."""
+    target_modules: list[str] = field(default_factory=lambda: list(LLM_LINEAR_LAYERS))
+    """Names of the language model's linear layers that get adapters (a layer's own name, e.g. ``q_proj``, or a
+    dotted tail, e.g. ``self_attn.q_proj``), matched inside the language model only, never the vision tower."""
+    include_vision: bool = False
+    """Also put adapters on every linear layer of the vision tower (its blocks and merger); false: the vision
+    tower stays frozen (as EasyR1 and prime-rl do)."""
+
+
 @dataclass(kw_only=True)
 class ActorConfig(UpdateConfig):
     policy_loss: str = ""
@@ -304,6 +327,8 @@ class ActorConfig(UpdateConfig):
     """Tokens per chunk of the LM head when scoring tokens (log-probs, entropy; the actor, the reference and
     SFT): the head's logits exist for one chunk at a time, forward and backward. 0: automatic, as many tokens
     as keep a chunk's float32 logits within 128 MiB (220 tokens at a 151,936-token vocabulary)."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """LoRA instead of full fine-tuning (``actor.lora.rank`` > 0) for the RL actor (``make sft`` trains all)."""
 
 
 @dataclass(kw_only=True)
@@ -556,6 +581,7 @@ class Config:
                     f"{mini} mini-batches on each of resources.num_workers={self.resources.num_workers} workers; "
                     f"lower {section}.num_mini_batches"
                 )
+        _check_lora(self)
         if self.actor.old_log_probs == "rollout" and (self.rollout.top_p < 1 or self.rollout.top_k > 0):
             raise ConfigError("actor.old_log_probs=rollout needs rollout.top_p=1 and rollout.top_k=0: with a "
                               "truncated distribution the engine's log-probs are not the policy's")
@@ -577,6 +603,20 @@ def require_known(key: str, value: str, table: Mapping[str, Any]) -> None:
     """Raise a ConfigError naming ``key`` and the allowed names when ``value`` is not a name of ``table``."""
     if value not in table:
         raise ConfigError(f"{key}={value!r} is unknown; allowed: {', '.join(sorted(table))}")
+
+
+def _check_lora(cfg: Config) -> None:
+    lora = cfg.actor.lora
+    if not lora.rank:
+        return
+    bad = [name for name in lora.target_modules
+           if not name or not all(p.isidentifier() or p.isdigit() for p in name.split("."))]
+    if not lora.target_modules or bad:
+        raise ConfigError(f"actor.lora.target_modules={lora.target_modules!r} must name linear layers of the language "
+                          f"model (e.g. {', '.join(LLM_LINEAR_LAYERS)}){f'; not a layer name: {bad}' if bad else ''}")
+    if lora.include_vision and cfg.actor.vision.freeze:
+        raise ConfigError("actor.lora.include_vision=true puts trained adapters on the vision tower, but "
+                          "actor.vision.freeze=true freezes it: set one of them to false")
 
 
 def _check_part(cfg: Config, name: str) -> None:

@@ -34,7 +34,7 @@ from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
 from mmrl.run_config import prepare_run_config
 from mmrl.tracking import Tracker, console_line
-from mmrl.trainer.checkpoint import CheckpointManager, DriverState, load_driver_state, resume_point
+from mmrl.trainer.checkpoint import CheckpointManager, DriverState, check_resumable, load_driver_state, resume_point
 from mmrl.trainer.dataset import PromptLoader, load_rows
 from mmrl.trainer.evaluation import EvalResult, evaluate, samples_html, samples_table
 from mmrl.trainer.metrics import non_finite, step_metrics, timing_metrics, value_metrics
@@ -306,7 +306,7 @@ class RLTrainer:
                             self.kl_ctrl.value)
         meta = {"algorithm": self.cfg.algorithm.name, "num_workers": self.cfg.resources.num_workers,
                 "actor_layout": [self.cfg.actor.vision.strategy, self.cfg.actor.llm.strategy],
-                "init": self.checkpoint}
+                "init": self.checkpoint, "lora_rank": self.cfg.actor.lora.rank}
         self.last_checkpoint = self.checkpoints.commit(tmp, state, meta)
         tracker.log_metrics({"timing_s/save_checkpoint": time.perf_counter() - start}, self.step_no)
 
@@ -315,6 +315,7 @@ class RLTrainer:
         if self.critic is not None and not (folder / "critic").is_dir():
             raise ValueError(f"{folder} holds no critic, but algorithm.name={self.cfg.algorithm.name} needs one; "
                              "resume with the algorithm it was saved with, or trainer.resume=never")
+        check_resumable(folder, self.cfg, self.checkpoint)
         state = load_driver_state(folder)
         self.workers.load_state(str(folder / "actor"))
         if self.critic is not None:
