@@ -29,6 +29,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from mmrl.config import PartConfig
+from mmrl.models.families import family_of
 
 _MESHES: dict[tuple[str, tuple[int, ...]], DeviceMesh] = {}
 
@@ -77,10 +78,11 @@ def shard_parts(root: nn.Module, vision: PartConfig, llm: PartConfig, world_size
     Must run on every rank with the same arguments. A frozen part keeps ``requires_grad=False`` and so
     gets no gradients and no optimizer state.
     """
-    visual, layers = root.core.visual, root.core.language_model.layers
+    family = family_of(root.core.config)
+    visual, layers = family.vision(root.core), family.decoder_layers(root.core)
     if vision.strategy != "replicate":
         mesh = device_mesh(vision, world_size, device)
-        for block in visual.blocks:
+        for block in family.vision_blocks(root.core):
             fully_shard(block, mesh=mesh)
         fully_shard(visual, mesh=mesh)
     if llm.strategy != "replicate":

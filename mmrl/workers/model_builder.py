@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from mmrl.config import Config, PartConfig, UpdateConfig, VisionPartConfig
+from mmrl.models.families import family_of
 from mmrl.models.forward import PolicyForward, ValueModel
 from mmrl.models.loading import load_model
 from mmrl.parallel.sharding import Layout, shard_parts
@@ -77,7 +78,7 @@ def build_model(
     if not spec.trainable:
         root.eval().requires_grad_(False)
     elif section is not None and section.vision.freeze:
-        root.core.visual.requires_grad_(False)
+        family_of(root.core.config).vision(root.core).requires_grad_(False)
     layouts = distributed and section is not None
     vision, llm = (section.vision, section.llm) if layouts else (VisionPartConfig(), PartConfig())
     return shard_parts(root, vision, llm, world_size, device)

@@ -82,7 +82,7 @@ def hf_greedy(state: dict, model_dir, prompts, tokens=8) -> list[list[int]]:
     for prompt in encode_rows(processor, prompts):
         with torch.no_grad():
             seq = model.generate(**collate([prompt], tok.pad_token_id), do_sample=False, max_new_tokens=tokens,
-                                 suppress_tokens=vision_token_ids(tok), eos_token_id=tok.eos_token_id,
+                                 suppress_tokens=vision_token_ids(processor), eos_token_id=tok.eos_token_id,
                                  pad_token_id=tok.pad_token_id)
         new = seq[0, len(prompt):].tolist()
         out.append(new[: new.index(tok.eos_token_id) + 1] if tok.eos_token_id in new else new)
@@ -212,7 +212,7 @@ def test_no_engine_emits_a_vision_token_even_when_the_model_wants_to(engine, tin
     finally:
         group.shutdown()
     emitted = {t for row in tokens_of(samples) for t in row}
-    assert emitted and not emitted & set(vision_token_ids(tok))
+    assert emitted and not emitted & set(vision_token_ids(processor))
 
 
 def test_a_judge_on_vllm_answers_like_a_judge_on_hf(tiny_config, vllm_model_dir, tiny_data_dir):

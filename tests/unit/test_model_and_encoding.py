@@ -9,7 +9,7 @@ from mmrl.models.loading import load_model, load_processor
 from mmrl.models.forward import PolicyForward
 from mmrl.models.logprobs import gather_logprobs_entropy, policy_log_softmax, response_logprobs
 from mmrl.config import TinyModelConfig
-from mmrl.models.tiny import SPECIAL_TOKENS
+from mmrl.models.families.qwen2_vl import SPECIAL_TOKENS
 from mmrl.rollout.base import SamplingParams
 from mmrl.rollout.hf import HFRolloutEngine
 
@@ -89,7 +89,7 @@ def test_training_forward_logprobs_equal_rollout_logprobs(model_and_processor):
     engine = HFRolloutEngine(model, processor, CPU)
     out = engine.generate(prompts, SamplingParams(n=3, temperature=0.9, max_new_tokens=8))
     assert out.responses.shape == (9, 8)
-    banned = set(vision_token_ids(processor.tokenizer))
+    banned = set(vision_token_ids(processor))
     assert not any(int(t) in banned for t in out.responses[out.response_mask.bool()])
     expanded = [p for p in prompts for _ in range(3)]
     logp, _ = response_logprobs(PolicyForward(model), expanded, out.responses, out.response_mask, pad_token_id=engine.pad_id,
