@@ -161,8 +161,9 @@ class Qwen2VL(Family):
         )
 
     def video_kwargs(self) -> dict[str, Any]:
-        """Extra processor arguments for pre-sampled frames."""
-        return {}
+        """Extra processor arguments for pre-sampled frames: data prep budgeted their pixels already, so the
+        processor's own per-frame cap stays off."""
+        return {"cap_pixels_per_frame": False}
 
     def vision_tokens(self, tokenizer: PreTrainedTokenizerFast) -> list[str]:
         return list(VISION_TOKENS)
