@@ -115,8 +115,8 @@ def encode_prompt(
                 f"prompt {name or ''} has {count_placeholders(messages, placeholder)} {placeholder} placeholders but "
                 f"{len(media)} {kind}s; put one placeholder where each {kind} goes"
             )
-    text = processor.apply_chat_template(to_chat_content(messages), add_generation_prompt=True, tokenize=False)
     family = family_of_processor(processor)
+    text = family.chat_text(processor, to_chat_content(messages))
     if videos and not family.takes_video:
         raise ValueError(f"prompt {name or ''} has a video, but {family.name} models take no video input")
     return EncodedPrompt(

@@ -25,8 +25,9 @@ from mmrl.models.families.base import MEDIA_KINDS, Family, present_media, shared
 from mmrl.models.families.qwen2_5_vl import QWEN2_5_VL
 from mmrl.models.families.qwen2_vl import QWEN2_VL
 from mmrl.models.families.qwen3_vl import QWEN3_VL
+from mmrl.models.families.smolvlm import SMOLVLM
 
-FAMILIES: dict[str, Family] = {family.name: family for family in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL)}
+FAMILIES: dict[str, Family] = {family.name: family for family in (QWEN2_VL, QWEN2_5_VL, QWEN3_VL, SMOLVLM)}
 
 __all__ = ["FAMILIES", "MEDIA_KINDS", "Family", "family_named", "family_of", "family_of_processor", "present_media",
            "shared_keys"]

@@ -106,6 +106,10 @@ class Family:
 
     # ---- encoding ------------------------------------------------------------------------------
 
+    def chat_text(self, processor: Any, conversation: list[dict[str, Any]]) -> str:
+        """The chat template on ``conversation`` (content items), with the generation prompt, untokenised."""
+        return processor.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+
     def encode(self, processor: Any, text: str, images: Sequence[Any], videos: Sequence[Video]) -> dict[str, Any]:
         """The processor on one prompt's chat text and media -> the EncodedPrompt fields: input_ids (P,),
         mm_token_type_ids (P,) (0 text, 1 image, 2 video) and the media fields the family fills."""

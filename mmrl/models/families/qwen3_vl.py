@@ -34,6 +34,14 @@ from mmrl.config import TinyModelConfig
 from mmrl.models.families.qwen2_vl import CHAT_TEMPLATE, Qwen2VL, text_config, token_ids
 
 
+def interleaved_section(half: int) -> list[int]:
+    """Rotary frequencies per axis (t, h, w) for ``half`` = head_dim / 2 frequencies taken in turn t, h, w, ...:
+    h and w get ``half // 3`` each (every third frequency up to 3 x their share), t the rest (as [24, 20, 20]
+    of the released 64)."""
+    share = half // 3
+    return [half - 2 * share, share, share]
+
+
 class Qwen3VL(Qwen2VL):
     name = "qwen3_vl"
     model_type = "qwen3_vl"
@@ -46,7 +54,9 @@ class Qwen3VL(Qwen2VL):
 
     def build_processor(self, tokenizer: PreTrainedTokenizerFast, spec: TinyModelConfig) -> Any:
         size = {"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels}
-        shared = dict(size=size, patch_size=self.patch_size(spec), merge_size=spec.merge_size, temporal_patch_size=2)
+        # Qwen3-VL normalises images and videos alike, to [-1, 1] (Qwen2-VL's image processor defaults to CLIP's).
+        shared = dict(size=size, patch_size=self.patch_size(spec), merge_size=spec.merge_size, temporal_patch_size=2,
+                      image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
         return Qwen3VLProcessor(image_processor=Qwen2VLImageProcessor(**shared),
                                 video_processor=Qwen3VLVideoProcessor(**shared), tokenizer=tokenizer,
                                 chat_template=CHAT_TEMPLATE)
@@ -55,6 +65,9 @@ class Qwen3VL(Qwen2VL):
         patch = self.patch_size(spec)
         side = max(1, int(spec.max_pixels**0.5) // patch)  # the learned position grid covers the largest image
         text = text_config(tokenizer, spec, head_dim=spec.hidden_size // spec.num_heads)
+        # As released: transformers always interleaves the axes; vLLM does where the config says so.
+        text["rope_parameters"].update(mrope_section=interleaved_section(spec.hidden_size // spec.num_heads // 2),
+                                       mrope_interleaved=True)
         vision = dict(depth=spec.vision_depth, hidden_size=spec.vision_hidden_size,
                       intermediate_size=spec.vision_hidden_size * 2, num_heads=spec.vision_heads, patch_size=patch,
                       spatial_merge_size=spec.merge_size, temporal_patch_size=2, out_hidden_size=spec.hidden_size,
