@@ -30,8 +30,10 @@ class ProbedActor(ActorRolloutRefWorker):
         visual = self.vision_tower()
 
         def counted(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-            grid = kwargs["grid_thw"] if "grid_thw" in kwargs else args[1]
-            self.vision_items += int(grid.shape[0])
+            # Items: the grid's rows where the tower takes grids (Qwen), else the images it is given (SmolVLM).
+            grid = kwargs["grid_thw"] if "grid_thw" in kwargs else args[1] if len(args) > 1 else None
+            items = grid if grid is not None else kwargs["pixel_values"] if "pixel_values" in kwargs else args[0]
+            self.vision_items += int(items.shape[0])
 
         visual.register_forward_pre_hook(counted, with_kwargs=True)
         return count

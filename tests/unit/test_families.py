@@ -207,3 +207,21 @@ def test_a_smolvlm_prompt_with_an_image_and_a_video_is_refused(family_dirs):
     video = Video(frames=[square((0, 0, 0))] * 2, timestamps=[0, 0.5])
     with pytest.raises(ValueError, match="images or one video, not both"):
         encode_prompt(processor, [{"role": "user", "content": "<image><video>Same?"}], [square((0, 0, 0))], [video])
+
+
+def test_vllm_is_not_given_a_video_its_smolvlm_cannot_take(family_dirs):
+    """vLLM's SmolVLM (Idefics3) implementation takes images only: a video prompt is refused by name, before
+    any engine runs; an image prompt goes with its source images."""
+    processor = load_processor(family_dirs["smolvlm"])
+    family = family_of_processor(processor)
+    frames = [square((200, 20, 20))] * 2
+    video = encode_prompt(processor, [{"role": "user", "content": "<video>Colour?"}], [],
+                          [Video(frames=frames, timestamps=[0, 0.5])], name="clip")
+    with pytest.raises(ValueError, match="prompt clip: vLLM's smolvlm takes no video input"):
+        family.engine_media(video)
+    image = encode_prompt(processor, [{"role": "user", "content": "<image>Colour?"}], frames[:1])
+    assert family.engine_media(image) == {"image": frames[:1]}
+    assert image.template_ids == processor.tokenizer(processor.apply_chat_template(
+        to_chat_content([{"role": "user", "content": "<image>Colour?"}]), add_generation_prompt=True,
+        tokenize=False))["input_ids"]
+    assert image.template_ids.count(processor.image_token_id) == 1 < int((image.input_ids == processor.image_token_id).sum())
