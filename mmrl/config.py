@@ -82,8 +82,7 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TinyModelConfig:
-    """Sizes of the tiny model that ``make model`` builds (of the family ``model.family``). ``mrope_section``
-    (the Qwen families' 3-D rotary split) sums to head_dim / 2."""
+    """Sizes of the tiny model that ``make model`` builds (of the family ``model.family``)."""
 
     vocab_size: int = num(384, ge=64)
     hidden_size: int = num(128, ge=8)
@@ -95,17 +94,10 @@ class TinyModelConfig:
     vision_hidden_size: int = num(64, ge=8)
     vision_heads: int = num(4, ge=1)
     patch_size: int = num(0, ge=0)
-    """Vision patch side in pixels; 0: the family's own (16 for Qwen3-VL, else 14)."""
+    """Vision patch side in pixels; 0: the family's own."""
     merge_size: int = num(2, ge=1)
     min_pixels: int = num(28 * 28, ge=1)
     max_pixels: int = num(112 * 112, ge=1)
-
-    @property
-    def mrope_section(self) -> list[int]:
-        half = self.hidden_size // self.num_heads // 2
-        temporal = half // 4
-        spatial = (half - temporal) // 2
-        return [temporal, spatial, half - temporal - spatial]
 
 
 Strategy = Literal["replicate", "fsdp", "hsdp"]

@@ -27,15 +27,15 @@ class ProbedActor(ActorRolloutRefWorker):
     def init_model(self, *args: Any, **kwargs: Any) -> int:
         count = super().init_model(*args, **kwargs)
         self.vision_items = 0
-        visual = self.vision_tower()
+        tower = self.vision_tower()
 
         def counted(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-            # Items: the grid's rows where the tower takes grids (Qwen), else the images it is given (SmolVLM).
+            # Items: the grid's rows where the tower takes grids, else the images (tiles) it is given.
             grid = kwargs["grid_thw"] if "grid_thw" in kwargs else args[1] if len(args) > 1 else None
             items = grid if grid is not None else kwargs["pixel_values"] if "pixel_values" in kwargs else args[0]
             self.vision_items += int(items.shape[0])
 
-        visual.register_forward_pre_hook(counted, with_kwargs=True)
+        tower.register_forward_pre_hook(counted, with_kwargs=True)
         return count
 
     def vision_tower(self) -> torch.nn.Module:
@@ -80,15 +80,15 @@ class ProbedActor(ActorRolloutRefWorker):
     @register(Dispatch.ONE_TO_ALL)
     def layout_report(self) -> dict[str, object]:
         """What this rank holds: parameter kinds, optimizer-state owners and gradients."""
-        visual = self.vision_tower()
-        vision_ids = {id(p) for p in visual.parameters()}
+        tower = self.vision_tower()
+        vision_ids = {id(p) for p in tower.parameters()}
         state_owners = [id(p) for p in self.updater.optimizer.state]
         return {
             "sharded": len(self.actor.sharded),
             "replicated": len(self.actor.replicated),
             "vision_params_with_optimizer_state": sum(i in vision_ids for i in state_owners),
             "params_with_optimizer_state": len(state_owners),
-            "vision_params_with_grad": sum(p.grad is not None for p in visual.parameters()),
+            "vision_params_with_grad": sum(p.grad is not None for p in tower.parameters()),
             "rollout_params_held": self.rollout_params_held(),
         }
 

@@ -43,7 +43,7 @@ class EncodedPrompt:
 
     input_ids: (P,) int64, each media placeholder expanded to one token per vision feature;
     mm_token_type_ids: (P,) int64 (0 text, 1 image, 2 video); pixel_values: the images' pixels in the form the
-    family's tower takes (Qwen: patches (image patches, C*T*patch*patch); SmolVLM: (images, C, H, W)) or
+    family's tower takes (flattened patches (patches, C*T*patch*patch), or whole tiles (tiles, C, H, W)) or
     None; image_grid_thw: (num_images, 3) or None, each image's (t, h, w) grid; pixel_values_videos,
     video_grid_thw: the same for videos; second_per_grid_ts: (num_videos,) float, the seconds one temporal
     grid step spans (for the time axis of the positions).
@@ -75,7 +75,7 @@ class EncodedPrompt:
 
 
 def to_chat_content(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Turn ``<image>`` / ``<video>`` placeholders inside message strings into Qwen content items, in order."""
+    """Turn ``<image>`` / ``<video>`` placeholders inside message strings into chat content items, in order."""
     kinds = {IMAGE_PLACEHOLDER: "image", VIDEO_PLACEHOLDER: "video"}
     converted = []
     for message in messages:

@@ -65,7 +65,7 @@ def save_checkpoint(
 
 def patch_factor(processor: Any) -> int:
     """The side, in pixels, that image sizes must be multiples of for ``processor`` (its family's
-    :meth:`~mmrl.models.families.base.Family.size_factor`: 28 for Qwen2/2.5-VL, patch 14 merged 2 x 2)."""
+    :meth:`~mmrl.models.families.base.Family.size_factor`, e.g. 28 for 14-pixel patches merged 2 x 2)."""
     return family_of_processor(processor).size_factor(processor)
 
 

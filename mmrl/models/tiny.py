@@ -14,9 +14,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from mmrl.config import TinyModelConfig
+from mmrl.config import ModelConfig, TinyModelConfig
 
-DEFAULT_FAMILY = "qwen2_5_vl"
+DEFAULT_FAMILY = ModelConfig().family
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, special_tokens: Sequence[str], *, eos: str, pad: str,

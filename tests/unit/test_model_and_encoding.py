@@ -9,7 +9,7 @@ from mmrl.models.loading import load_model, load_processor
 from mmrl.models.forward import PolicyForward
 from mmrl.models.logprobs import gather_logprobs_entropy, policy_log_softmax, response_logprobs
 from mmrl.config import TinyModelConfig
-from mmrl.models.families.qwen2_vl import SPECIAL_TOKENS
+from mmrl.models.families.qwen2_vl import SPECIAL_TOKENS, mrope_section
 from mmrl.rollout.base import SamplingParams
 from mmrl.rollout.hf import HFRolloutEngine
 
@@ -31,7 +31,7 @@ def test_special_tokens_match_config(model_and_processor):
     assert all(tok.convert_tokens_to_ids(t) != tok.unk_token_id for t in SPECIAL_TOKENS)
     assert model.config.image_token_id == tok.convert_tokens_to_ids("<|image_pad|>")
     assert model.config.text_config.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
-    assert sum(TinyModelConfig(hidden_size=64, num_heads=4).mrope_section) == 64 // 4 // 2
+    assert sum(mrope_section(TinyModelConfig(hidden_size=64, num_heads=4))) == 64 // 4 // 2
 
 
 def test_encode_prompt_counts_image_tokens(model_and_processor):

@@ -72,13 +72,22 @@ def token_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int]:
             "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"]}
 
 
+def mrope_section(spec: TinyModelConfig) -> list[int]:
+    """Rotary frequencies per axis (t, h, w), summing to head_dim / 2 (the default [16, 24, 24] fits only
+    head_dim 128): a quarter to time, the rest split between height and width."""
+    half = spec.hidden_size // spec.num_heads // 2
+    temporal = half // 4
+    spatial = (half - temporal) // 2
+    return [temporal, spatial, half - temporal - spatial]
+
+
 def text_config(tokenizer: PreTrainedTokenizerFast, spec: TinyModelConfig, **extra: Any) -> dict[str, Any]:
-    """The language model's config of a tiny Qwen-VL (mrope over ``spec.mrope_section``)."""
+    """The language model's config of a tiny Qwen-VL (mrope over :func:`mrope_section`)."""
     return dict(
         vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
         max_position_embeddings=2048,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": spec.mrope_section},
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope_section(spec)},
         bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, **extra,
     )
