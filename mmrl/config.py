@@ -75,11 +75,14 @@ class ModelConfig:
     """Parameter dtype for training and rollout."""
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     """Attention kernel passed to transformers."""
+    family: Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "smolvlm"] = "qwen2_5_vl"
+    """The model family ``make model`` builds a tiny model of (mmrl/models/families/). Every other stage reads a
+    checkpoint's family from its config.json (``model_type``), never from here."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class TinyModelConfig:
-    """Sizes of the tiny Qwen2.5-VL that ``make model`` builds. ``mrope_section`` must sum to head_dim / 2."""
+    """Sizes of the tiny model that ``make model`` builds (of the family ``model.family``)."""
 
     vocab_size: int = num(384, ge=64)
     hidden_size: int = num(128, ge=8)
@@ -90,17 +93,11 @@ class TinyModelConfig:
     vision_depth: int = num(2, ge=1)
     vision_hidden_size: int = num(64, ge=8)
     vision_heads: int = num(4, ge=1)
-    patch_size: int = num(14, ge=1)
+    patch_size: int = num(0, ge=0)
+    """Vision patch side in pixels; 0: the family's own."""
     merge_size: int = num(2, ge=1)
     min_pixels: int = num(28 * 28, ge=1)
     max_pixels: int = num(112 * 112, ge=1)
-
-    @property
-    def mrope_section(self) -> list[int]:
-        half = self.hidden_size // self.num_heads // 2
-        temporal = half // 4
-        spatial = (half - temporal) // 2
-        return [temporal, spatial, half - temporal - spatial]
 
 
 Strategy = Literal["replicate", "fsdp", "hsdp"]

@@ -1,8 +1,8 @@
 """LoRA adapters on a vision-language model, through peft: injection, switching them off, merged weights, export.
 
 The adapters are injected into the Hugging Face model in place (``peft.inject_adapter_in_model``), so the
-module tree keeps its shape: ``model.model.visual`` and ``model.model.language_model`` stay where the rest of
-the library looks for them, and each adapted ``nn.Linear`` becomes a peft ``lora.Linear`` holding the frozen
+module tree keeps its shape: the vision tower and the decoder layers stay where the family adapter finds them
+(:mod:`mmrl.models.families`), and each adapted ``nn.Linear`` becomes a peft ``lora.Linear`` holding the frozen
 layer as ``base_layer`` and the trained ``lora_A`` (r, in) and ``lora_B`` (out, r). Its output is
 ``base(x) + scaling * B(A(dropout(x)))``, ``scaling = alpha / r``.
 
@@ -30,6 +30,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from mmrl.config import LoRAConfig
+from mmrl.models.families import family_of
 from mmrl.models.forward import core_model
 
 ADAPTER = "default"  # peft's adapter name: one adapter per model
@@ -45,8 +46,10 @@ def target_modules(model: nn.Module, cfg: LoRAConfig) -> list[str]:
     name ends with one of ``cfg.target_modules``, and with ``include_vision`` every linear layer of the vision
     tower. Raises ValueError naming ``actor.lora.target_modules`` when a name matches no linear layer."""
     core = core_model(model)
-    llm = {id(m) for m in core.language_model.modules()}
-    vision = {id(m) for m in core.visual.modules()} if cfg.include_vision else set()
+    family = family_of(core.config)
+    layers = family.decoder_layers(core)
+    llm = {id(m) for layer in layers for m in layer.modules()}
+    vision = {id(m) for m in family.vision(core).modules()} if cfg.include_vision else set()
     chosen, used = [], set()
     for name, module in model.named_modules():
         if not isinstance(module, nn.Linear):
@@ -57,7 +60,8 @@ def target_modules(model: nn.Module, cfg: LoRAConfig) -> list[str]:
             chosen.append(name)
     unused = [t for t in cfg.target_modules if t not in used]
     if unused:
-        names = sorted({n.rsplit(".", 1)[-1] for n, m in core.language_model.named_modules() if isinstance(m, nn.Linear)})
+        names = sorted({n.rsplit(".", 1)[-1] for layer in layers for n, m in layer.named_modules()
+                        if isinstance(m, nn.Linear)})
         raise ValueError(f"actor.lora.target_modules: {unused} match no linear layer of the language model; "
                          f"its linear layers are named {', '.join(names)}")
     return chosen

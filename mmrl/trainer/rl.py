@@ -28,7 +28,7 @@ from mmrl.config import Config
 from mmrl.controller import ResourcePool, WorkerFailure, WorkerGroup
 from mmrl.controller.session import ensure_ray, worker_shape
 from mmrl.controller.worker import resolve_device
-from mmrl.models.loading import check_checkpoint, load_processor
+from mmrl.models.loading import check_checkpoint, grid_pixels, load_processor
 from mmrl.perf_memory import PEAK_KEY
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
@@ -80,7 +80,7 @@ class RLTrainer:
         for path, key in ((reward.model.path, "reward.model.path"), (reward.judge.path, "reward.judge.path")):
             if path:
                 check_checkpoint(path, key)
-        patch_size = int(load_processor(self.checkpoint).image_processor.patch_size)
+        patch_size = grid_pixels(load_processor(self.checkpoint))
         if reward.model.path:
             check_same_tokenizer(self.checkpoint, reward.model.path)
         # One per run: its reward worker processes outlive a recovery's new worker groups.

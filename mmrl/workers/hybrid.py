@@ -87,7 +87,7 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         tokenizer = self.processor.tokenizer
         self.spec = LogProbSpec(
             pad_token_id=tokenizer.pad_token_id,
-            banned_ids=vision_token_ids(tokenizer),
+            banned_ids=vision_token_ids(self.processor),
             temperature=cfg.rollout.temperature,
             micro_batch_size=cfg.actor.micro_batch_size,
             max_tokens_per_micro=cfg.actor.max_tokens_per_micro,

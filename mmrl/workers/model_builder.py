@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from mmrl.config import ActorConfig, Config, PartConfig, UpdateConfig, VisionPartConfig
+from mmrl.models.families import family_of
 from mmrl.models.forward import PolicyForward, ValueModel
 from mmrl.models.loading import load_model
 from mmrl.models.lora import apply_lora
@@ -87,7 +88,7 @@ def build_model(
     if not spec.trainable:
         root.eval().requires_grad_(False)
     elif section is not None and section.vision.freeze and not spec.lora:
-        root.core.visual.requires_grad_(False)
+        family_of(root.core.config).vision(root.core).requires_grad_(False)
     vision, llm = (section.vision, section.llm) if section is not None else (VisionPartConfig(), PartConfig())
     if not distributed:  # one process: both parts replicated, but each keeps its activation checkpointing
         vision, llm = (replace(p, strategy="replicate") for p in (vision, llm))
