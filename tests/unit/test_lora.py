@@ -64,8 +64,8 @@ def batch(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def spec(tiny_model_dir):
-    tokenizer = load_processor(tiny_model_dir).tokenizer
-    return LogProbSpec(tokenizer.pad_token_id, vision_token_ids(tokenizer), 1.0, 64)
+    processor = load_processor(tiny_model_dir)
+    return LogProbSpec(processor.tokenizer.pad_token_id, vision_token_ids(processor), 1.0, 64)
 
 
 # ---- config and targets --------------------------------------------------------------------------
