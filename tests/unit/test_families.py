@@ -163,13 +163,16 @@ def test_the_vision_pass_reaches_every_tower_weight(loaded):
     core = core_model(model)
     tower = family.vision(core)
     prompts = encoded(processor, False)
-    for batch, always in ((collate(prompts[1:], processor.tokenizer.pad_token_id), False),
-                          (collate(prompts[:1], processor.tokenizer.pad_token_id), True)):
+    pad = processor.tokenizer.pad_token_id
+    for rows, always in ((prompts[1:], False), (prompts[:1], True)):
         model.zero_grad()
-        media, anchor = encode_media(core, batch, always)
+        media, anchor = encode_media(core, collate(rows, pad), always)
         assert (anchor is None) == bool(media)
-        loss = PolicyForward(model, always_run_vision=always)(batch, 1).sum()
-        loss.backward()
+        responses = torch.full((len(rows), 2), pad)
+        logp, _ = response_logprobs(PolicyForward(model, always_run_vision=always), rows, responses,
+                                    torch.ones(len(rows), 2), pad_token_id=pad, banned_ids=[], temperature=1.0,
+                                    device=CPU)
+        logp.sum().backward()
         if anchor is not None:
             assert float(anchor) == 0.0
         missing = [n for n, p in tower.named_parameters() if p.grad is None]
