@@ -75,11 +75,14 @@ class ModelConfig:
     """Parameter dtype for training and rollout."""
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     """Attention kernel passed to transformers."""
+    family: Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "smolvlm"] = "qwen2_5_vl"
+    """The model family ``make model`` builds a tiny model of (mmrl/models/families/). Every other stage reads a
+    checkpoint's family from its config.json (``model_type``), never from here."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class TinyModelConfig:
-    """Sizes of the tiny Qwen2.5-VL that ``make model`` builds. ``mrope_section`` must sum to head_dim / 2."""
+    """Sizes of the tiny model that ``make model`` builds (of the family ``model.family``)."""
 
     vocab_size: int = num(384, ge=64)
     hidden_size: int = num(128, ge=8)
@@ -90,17 +93,11 @@ class TinyModelConfig:
     vision_depth: int = num(2, ge=1)
     vision_hidden_size: int = num(64, ge=8)
     vision_heads: int = num(4, ge=1)
-    patch_size: int = num(14, ge=1)
+    patch_size: int = num(0, ge=0)
+    """Vision patch side in pixels; 0: the family's own."""
     merge_size: int = num(2, ge=1)
     min_pixels: int = num(28 * 28, ge=1)
     max_pixels: int = num(112 * 112, ge=1)
-
-    @property
-    def mrope_section(self) -> list[int]:
-        half = self.hidden_size // self.num_heads // 2
-        temporal = half // 4
-        spatial = (half - temporal) // 2
-        return [temporal, spatial, half - temporal - spatial]
 
 
 Strategy = Literal["replicate", "fsdp", "hsdp"]
@@ -271,6 +268,29 @@ class UpdateConfig:
     """Layout of the language model (embeddings, decoder layers, head)."""
 
 
+# The language model's linear layers in Qwen2/2.5/3-VL decoder layers (attention and MLP projections).
+LLM_LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(kw_only=True)
+class LoRAConfig:
+    """Low-rank adapters (peft LoRA) on the actor: the base weights stay frozen, only the adapters train; the KL
+    reference is the base with the adapters switched off, and the rollout engine gets merged weights."""
+
+    rank: int = num(0, ge=0)
+    """Rank of each adapter; 0: no LoRA (full fine-tuning)."""
+    alpha: float = num(32.0, gt=0)
+    """The adapters' output is scaled by ``alpha / rank``."""
+    dropout: float = num(0.0, ge=0, le=0.9)
+    """Dropout on the adapters' input while training (0: the update's forward equals the log-prob passes')."""
+    target_modules: list[str] = field(default_factory=lambda: list(LLM_LINEAR_LAYERS))
+    """Names of the language model's linear layers that get adapters (a layer's own name, e.g. ``q_proj``, or a
+    dotted tail, e.g. ``self_attn.q_proj``), matched inside the language model only, never the vision tower."""
+    include_vision: bool = False
+    """Also put adapters on every linear layer of the vision tower (its blocks and merger); false: the vision
+    tower stays frozen (as EasyR1 and prime-rl do)."""
+
+
 @dataclass(kw_only=True)
 class ActorConfig(UpdateConfig):
     policy_loss: str = ""
@@ -304,6 +324,8 @@ class ActorConfig(UpdateConfig):
     """Tokens per chunk of the LM head when scoring tokens (log-probs, entropy; the actor, the reference and
     SFT): the head's logits exist for one chunk at a time, forward and backward. 0: automatic, as many tokens
     as keep a chunk's float32 logits within 128 MiB (220 tokens at a 151,936-token vocabulary)."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """LoRA instead of full fine-tuning (``actor.lora.rank`` > 0) for the RL actor (``make sft`` trains all)."""
 
 
 @dataclass(kw_only=True)
@@ -556,6 +578,7 @@ class Config:
                     f"{mini} mini-batches on each of resources.num_workers={self.resources.num_workers} workers; "
                     f"lower {section}.num_mini_batches"
                 )
+        _check_lora(self)
         if self.actor.old_log_probs == "rollout" and (self.rollout.top_p < 1 or self.rollout.top_k > 0):
             raise ConfigError("actor.old_log_probs=rollout needs rollout.top_p=1 and rollout.top_k=0: with a "
                               "truncated distribution the engine's log-probs are not the policy's")
@@ -577,6 +600,20 @@ def require_known(key: str, value: str, table: Mapping[str, Any]) -> None:
     """Raise a ConfigError naming ``key`` and the allowed names when ``value`` is not a name of ``table``."""
     if value not in table:
         raise ConfigError(f"{key}={value!r} is unknown; allowed: {', '.join(sorted(table))}")
+
+
+def _check_lora(cfg: Config) -> None:
+    lora = cfg.actor.lora
+    if not lora.rank:
+        return
+    bad = [name for name in lora.target_modules
+           if not name or not all(p.isidentifier() or p.isdigit() for p in name.split("."))]
+    if not lora.target_modules or bad:
+        raise ConfigError(f"actor.lora.target_modules={lora.target_modules!r} must name linear layers of the language "
+                          f"model (e.g. {', '.join(LLM_LINEAR_LAYERS)}){f'; not a layer name: {bad}' if bad else ''}")
+    if lora.include_vision and cfg.actor.vision.freeze:
+        raise ConfigError("actor.lora.include_vision=true puts trained adapters on the vision tower, but "
+                          "actor.vision.freeze=true freezes it: set one of them to false")
 
 
 def _check_part(cfg: Config, name: str) -> None:

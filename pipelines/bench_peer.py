@@ -149,7 +149,7 @@ def run_trl(cfg: Config, prompts: int, n: int, tokens: int, threads: int) -> Sid
         per_device_train_batch_size=micro, gradient_accumulation_steps=prompts * n // micro,
         num_generations=n, max_completion_length=tokens, temperature=1.0, beta=0.0, num_iterations=1,
         remove_unused_columns=False, dataloader_num_workers=0, bf16=False, disable_tqdm=True,
-        generation_kwargs={"suppress_tokens": vision_token_ids(processor.tokenizer)},
+        generation_kwargs={"suppress_tokens": vision_token_ids(processor)},
     )
     trainer = Timed(model=model, reward_funcs=[reward], args=args, train_dataset=trl_dataset(rows),
                     processing_class=processor, callbacks=[StepTimer()])

@@ -46,7 +46,7 @@ class HFRolloutEngine:
         self.micro_batch_size = micro_batch_size
         self.pad_id = self.tokenizer.pad_token_id
         self.eos_id = self.tokenizer.eos_token_id
-        self.banned_ids = vision_token_ids(self.tokenizer)
+        self.banned_ids = vision_token_ids(processor)
 
     @classmethod
     def build(

@@ -50,6 +50,8 @@ def batched_logprobs(
     """
     batch.require("prompt", "responses", "response_mask")
     logps, entropies = [], []
+    was_training = policy.training
+    policy.eval()  # no dropout (LoRA's) in a scoring pass
     with torch.no_grad():
         for micro in micro_batches(batch, spec.micro_batch_size, spec.max_tokens_per_micro, spec.share_prompt,
                                    all_reduce):
@@ -65,6 +67,7 @@ def batched_logprobs(
             logps.append(logp.cpu())
             if ent is not None:
                 entropies.append(ent.cpu())
+    policy.train(was_training)
     return torch.cat(logps), torch.cat(entropies) if with_entropy else None
 
 

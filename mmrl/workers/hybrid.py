@@ -1,5 +1,6 @@
 """The hybrid actor / rollout / reference worker: one process holds the policy, its rollout engine and
-a frozen reference copy (HybridFlow's colocated "actor-rollout-ref").
+a frozen reference copy (HybridFlow's colocated "actor-rollout-ref"). With LoRA (``actor.lora.rank`` > 0) the
+policy is the frozen base plus trained adapters, and the reference is that base with the adapters off: no copy.
 
 The actor and the reference are laid out by ``actor.vision`` / ``actor.llm`` (replicated or FSDP2
 sharded). The rollout engine (``rollout.engine``) needs full weights: an hf engine runs on the actor's own
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -31,6 +33,8 @@ from mmrl.config import Config
 from mmrl.controller import Dispatch, register
 from mmrl.models.encoding import vision_token_ids
 from mmrl.models.loading import load_processor, save_checkpoint
+from mmrl.models.lora import (ADAPTER_DIR, adapter_state, adapter_tensors, adapters_off, export_config, has_lora,
+                              lora_layers, merged_state, save_adapters)
 from mmrl.models.weights import to_hf_names
 from mmrl.parallel.sharding import full_state
 from mmrl.protocol import Batch
@@ -61,16 +65,21 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         self.cfg = cfg
         torch.manual_seed(cfg.seed + self.rank)
         self.processor = load_processor(checkpoint)
+        self.checkpoint = checkpoint
         build = dict(device=self.device, world_size=self.world_size)
-        self.actor = build_model(cfg, "actor", checkpoint, **build)
-        use_reference = needs_reference(cfg) if with_reference is None else with_reference
-        self.reference = build_model(cfg, "reference", checkpoint, **build) if use_reference else None
+        lora = cfg.actor.lora.rank > 0
+        self.actor = build_model(cfg, "lora_actor" if lora else "actor", checkpoint, **build)
+        self.use_reference = needs_reference(cfg) if with_reference is None else with_reference
+        # With LoRA the reference is the actor's own base, its adapters off (reference_policy): no second copy.
+        self.reference = build_model(cfg, "reference", checkpoint, **build) if self.use_reference and not lora else None
         self.rollout: RolloutEngine | None = None
         self.version = 0  # of the actor's weights: +1 per update
         self.engine_version: int | None = 0  # of the engine's weights (loaded from the same checkpoint); None: freed
         self.prompt_cache = PromptCache(self.processor)
         if with_rollout:
-            shared = None if self.actor.is_sharded else self.actor.root.model
+            # An hf engine runs on a replicated actor's own module, but not on one with LoRA adapters: it holds
+            # the merged weights (of the adapted layers; the others are the actor's tensors), which generate faster.
+            shared = None if self.actor.is_sharded or lora else self.actor.root.model
             self.rollout = build_rollout_engine(
                 cfg, checkpoint=checkpoint, processor=self.processor, device=self.device, policy=shared
             )
@@ -78,7 +87,7 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         tokenizer = self.processor.tokenizer
         self.spec = LogProbSpec(
             pad_token_id=tokenizer.pad_token_id,
-            banned_ids=vision_token_ids(tokenizer),
+            banned_ids=vision_token_ids(self.processor),
             temperature=cfg.rollout.temperature,
             micro_batch_size=cfg.actor.micro_batch_size,
             max_tokens_per_micro=cfg.actor.max_tokens_per_micro,
@@ -91,8 +100,21 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         return sum(p.numel() for p in self.actor.root.parameters())
 
     def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The actor's full tensors with Hugging Face names, one at a time (all ranks iterate in step)."""
-        return to_hf_names(full_state(self.actor.root))
+        """The actor's full tensors with Hugging Face names, one at a time (all ranks iterate in step); LoRA
+        adapters are merged into new tensors under the base model's names (:func:`mmrl.models.lora.merged_state`)."""
+        root = self.actor.root
+        return to_hf_names(merged_state(lora_layers(root), full_state(root)))
+
+    @contextmanager
+    def reference_policy(self) -> Iterator[torch.nn.Module]:
+        """The frozen KL reference: its own copy, or with LoRA the actor with its adapters off."""
+        if not self.use_reference:
+            raise RuntimeError("no reference policy was loaded: set actor.use_kl_loss=true to use one")
+        if self.reference is not None:
+            yield self.reference.root
+        else:
+            with adapters_off(self.actor.root) as base:
+                yield base
 
     # ---- the rollout engine's weights ---------------------------------------------------------
 
@@ -156,11 +178,10 @@ class ActorRolloutRefWorker(CheckpointedWorker):
 
     @register(Dispatch.DP_COMPUTE, fields=SCORED, optional=("policy_mask",), prompts=True)
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
-        """-> ref_log_probs (B, R) under the frozen reference policy."""
-        if self.reference is None:
-            raise RuntimeError("no reference policy was loaded: set actor.use_kl_loss=true to use one")
+        """-> ref_log_probs (B, R) under the frozen reference policy (:meth:`reference_policy`)."""
         batch = self.prompt_cache.attach(batch)
-        logp, _ = batched_logprobs(self.reference.root, batch, self.spec, self.device, False, self.all_reduce_sum)
+        with self.reference_policy() as reference:
+            logp, _ = batched_logprobs(reference, batch, self.spec, self.device, False, self.all_reduce_sum)
         return Batch(tensors={"ref_log_probs": logp})
 
     @register(Dispatch.DP_COMPUTE, fields=(*SCORED, "advantages"),
@@ -191,11 +212,18 @@ class ActorRolloutRefWorker(CheckpointedWorker):
 
     @register(Dispatch.RANK_ZERO)
     def save_checkpoint(self, path: str) -> str:
-        """Write the policy as a Hugging Face checkpoint: every rank gathers, rank 0 writes."""
+        """Write the policy as a Hugging Face checkpoint: every rank gathers, rank 0 writes. With LoRA the
+        checkpoint holds the merged weights, and ``<path>/adapter`` peft's adapter folder (over the base at the
+        checkpoint the actor was built from)."""
         state = {}
         for name, tensor in self.hf_weights():
             if self.rank == 0:
                 state[name] = tensor.cpu()
+        model = self.actor.root.model
+        adapters = adapter_state(to_hf_names(adapter_tensors(self.actor.root))) if has_lora(model) else None
         if self.rank == 0:
-            save_checkpoint(self.actor.root.model, self.processor, Path(path), state)
+            save_checkpoint(model, self.processor, Path(path), state)
+            if adapters is not None:
+                save_adapters(Path(path) / ADAPTER_DIR, adapters, export_config(model, self.cfg.actor.lora),
+                              self.checkpoint)
         return str(path)
