@@ -33,7 +33,7 @@ PIP   := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.mmrl-installed
 STAGE := $(PY) -m pipelines
 
-.PHONY: install model data sft rm rl eval demo bench bench-peer bench-learning gpu-check test test-unit test-integration ui clean help
+.PHONY: install model data sft rm rl eval demo bench bench-peer bench-learning test-extra gpu-check test test-unit test-integration ui clean help
 
 help:
 	@sed -n '1,7p' Makefile
@@ -88,15 +88,19 @@ bench-peer: $(STAMP)
 gpu-check: $(STAMP)
 	$(STAGE).gpu_check --config $(CONFIG) $(ARGS)
 
-# Learning runs (minutes each) are benchmarks: `make bench-learning`.
+# Learning runs (minutes each) are benchmarks: `make bench-learning`; `make test-extra` the extra checks.
 test: $(STAMP)
-	$(PY) -m pytest tests -q -m "not learning" $(PYTEST_ARGS)
+	$(PY) -m pytest tests -q -m "not learning and not extra" $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
 
 test-integration: $(STAMP)
-	$(PY) -m pytest tests/integration -q -m "not learning" $(PYTEST_ARGS)
+	$(PY) -m pytest tests/integration -q -m "not learning and not extra" $(PYTEST_ARGS)
+
+# Checks make test already makes on a close configuration (another model family of shared code).
+test-extra: $(STAMP)
+	$(PY) -m pytest tests -q -m extra $(PYTEST_ARGS)
 
 # GRPO through the real stack raises the reward on an easy task (an SFT warm start and 30 steps; minutes).
 bench-learning: $(STAMP)
