@@ -4,7 +4,8 @@ policy is the frozen base plus trained adapters, and the reference is that base 
 
 The actor and the reference are laid out by ``actor.vision`` / ``actor.llm`` (replicated or FSDP2
 sharded). The rollout engine (``rollout.engine``) needs full weights: an hf engine runs on the actor's own
-module when every part is replicated; otherwise the engine holds its own copy.
+module when every part is replicated (and there are no LoRA adapters); otherwise the engine holds its own copy,
+which receives the merged weights (:meth:`hf_weights`).
 
 **Weight versions.** The actor's weights carry a version, 0 at load, that each ``update_actor`` increments.
 The engine's copy carries the version it was loaded with. :meth:`sync_weights` (the driver's

@@ -5,6 +5,7 @@ The worker-level tests run one hybrid worker in this process (one rank, everythi
 path runs in tests/integration/test_sharding.py).
 """
 
+import json
 import math
 from pathlib import Path
 
@@ -278,3 +279,19 @@ def test_the_engine_samples_the_trained_policy_from_merged_weights(tiny_model_di
     out = sample_encoded(engine, prompts, SamplingParams(n=2, max_new_tokens=5), worker.version, with_prompts=True)
     logp = worker.compute_log_probs(out)["old_log_probs"]
     assert float(((logp - out["rollout_log_probs"]).abs() * out["response_mask"]).max()) < 1e-4
+
+
+def test_a_lora_checkpoint_resumes_only_over_its_base_and_rank(tmp_path):
+    from mmrl.trainer.checkpoint import check_resumable
+
+    folder = tmp_path / "step_3"
+    folder.mkdir()
+    (folder / "meta.json").write_text(json.dumps({"step": 3, "init": str(tmp_path / "sft"), "lora_rank": 8}))
+    cfg = load_config(None, ["actor.lora.rank=8"])
+    check_resumable(folder, cfg, str(tmp_path / "sft"))
+    with pytest.raises(ValueError, match=f"adapters over {tmp_path / 'sft'}, not over trainer.init=.*other"):
+        check_resumable(folder, cfg, str(tmp_path / "other"))
+    with pytest.raises(ValueError, match="saved with actor.lora.rank=8, this run has actor.lora.rank=0"):
+        check_resumable(folder, load_config(None, []), str(tmp_path / "sft"))
+    (folder / "meta.json").write_text(json.dumps({"step": 3, "init": "x"}))  # saved before LoRA existed
+    check_resumable(folder, load_config(None, []), str(tmp_path / "sft"))
