@@ -37,7 +37,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from mmrl.config import Config, UpdateConfig
+from mmrl.config import Config, RewardModelConfig, UpdateConfig
 
 Kind = Literal["update", "score", "rollout"]
 
@@ -167,15 +167,15 @@ def mem_available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def memory_at_hand(device: torch.device, sharers: int = 1) -> int:
+def memory_at_hand(device: torch.device, processes: int = 1) -> int:
     """Bytes this rank's passes may use now: on CUDA the device's free memory (plus what torch's allocator holds
     unused) times ``CUDA_FRACTION``; on CPU MemAvailable times ``CPU_FRACTION``, at most ``CPU_CAP_BYTES``;
-    either divided by ``sharers``, the worker processes that share this memory (:func:`sharers`)."""
+    either divided by ``processes``, the worker processes that share this memory (:func:`sharers`)."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return int(free * CUDA_FRACTION / sharers)
-    return int(min(mem_available_bytes() * CPU_FRACTION / sharers, CPU_CAP_BYTES))
+        return int(free * CUDA_FRACTION / processes)
+    return int(min(mem_available_bytes() * CPU_FRACTION / processes, CPU_CAP_BYTES))
 
 
 def sharers(cfg: Config, device_type: str, needs_critic: bool) -> int:
@@ -261,7 +261,9 @@ def update_batching(section: UpdateConfig, dims: ModelDims, memory_bytes: int) -
         dims, memory_bytes, "update", checkpointing=checkpointing, logit_chunk_tokens=chunk))
 
 
-def score_batching(rows: int, tokens: int, dims: ModelDims, memory_bytes: int, logit_chunk_tokens: int = 0) -> MicroBatching:
-    """A no-grad pass's micro-batches (log-probs, values, reward-model scores): ``rows`` / ``tokens`` when set,
-    else a token budget for a no-grad pass in ``memory_bytes``."""
-    return choose(rows, tokens, lambda: token_budget(dims, memory_bytes, "score", logit_chunk_tokens=logit_chunk_tokens))
+def score_batching(section: UpdateConfig | RewardModelConfig, dims: ModelDims, memory_bytes: int) -> MicroBatching:
+    """A no-grad pass's micro-batches (log-probs, values, reward-model scores) for a config ``section`` (actor,
+    critic, reward.model): its settings, else a token budget for a no-grad pass in ``memory_bytes``."""
+    chunk = int(getattr(section, "logprob_chunk_tokens", 0))
+    return choose(section.micro_batch_size, section.max_tokens_per_micro, lambda: token_budget(
+        dims, memory_bytes, "score", logit_chunk_tokens=chunk))

@@ -83,7 +83,7 @@ class CriticWorker(CheckpointedWorker):
         dims = ModelDims.of(self.layout.root.core, lm_head=False)
         self.batching = {
             "critic.update": update_batching(self.cfg, dims, memory),
-            "critic.values": score_batching(self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro, dims, memory),
+            "critic.values": score_batching(self.cfg, dims, memory),
         }
         self.updater = ValueUpdater(self.layout, self.cfg, self.pad_token_id, self.device, self.all_reduce_sum,
                                     micro=self.batching["critic.update"])

@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 from mmrl.algos import ALGORITHMS, needs_reference, policy_loss
-from mmrl.budget import ModelDims, memory_at_hand, score_batching, sharers, training_state_bytes, update_batching
+from mmrl.budget import (MicroBatching, ModelDims, memory_at_hand, score_batching, sharers, training_state_bytes,
+                         update_batching)
 from mmrl.config import Config
 from mmrl.controller import Dispatch, register
 from mmrl.models.encoding import vision_token_ids
@@ -77,15 +78,7 @@ class ActorRolloutRefWorker(CheckpointedWorker):
                 memory_bytes=self.memory_for_passes(),
             )
             self.release_engine()
-        memory = self.memory_for_passes()  # after the engine: what it keeps between rollouts is not free
-        dims, actor = ModelDims.of(self.actor.root.core), cfg.actor
-        self.batching = {
-            "actor.update": update_batching(actor, dims, memory),
-            "actor.log_probs": score_batching(actor.micro_batch_size, actor.max_tokens_per_micro, dims, memory),
-        }
-        if self.rollout is not None:
-            self.batching["rollout.generate"] = self.rollout.batching(SamplingParams(
-                n=cfg.rollout.n, max_new_tokens=cfg.rollout.max_new_tokens))
+        self.batching = self.size_batches()
         tokenizer = self.processor.tokenizer
         self.spec = LogProbSpec(
             pad_token_id=tokenizer.pad_token_id,
@@ -98,6 +91,17 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         self.updater = PolicyUpdater(self.actor, cfg.actor, policy_loss(cfg), self.spec, self.device,
                                      self.all_reduce_sum, micro=self.batching["actor.update"])
         return sum(p.numel() for p in self.actor.root.parameters())
+
+    def size_batches(self) -> dict[str, MicroBatching | None]:
+        """Each pass's micro-batching: the config's settings, else token budgets for the memory left once the
+        models and the engine are in place (what the engine keeps between rollouts is not free)."""
+        memory, dims, cfg = self.memory_for_passes(), ModelDims.of(self.actor.root.core), self.cfg
+        batching = {"actor.update": update_batching(cfg.actor, dims, memory),
+                    "actor.log_probs": score_batching(cfg.actor, dims, memory)}
+        if self.rollout is not None:
+            batching["rollout.generate"] = self.rollout.batching(SamplingParams(
+                n=cfg.rollout.n, max_new_tokens=cfg.rollout.max_new_tokens))
+        return batching
 
     def memory_for_passes(self) -> int:
         """Bytes this rank's passes may use: its share of the memory at hand, less the gradients and AdamW state

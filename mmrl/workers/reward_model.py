@@ -40,9 +40,7 @@ class RewardModelWorker(Worker):
         self.prompt_cache = PromptCache(processor)
         self.layout = build_model(cfg, "reward_model", checkpoint, device=self.device, world_size=self.world_size)
         share = sharers(cfg, self.device.type, ALGORITHMS[cfg.algorithm.name].needs_critic)
-        rm = cfg.reward.model
-        self.scoring = score_batching(rm.micro_batch_size, rm.max_tokens_per_micro,
-                                      ModelDims.of(self.layout.root.core, lm_head=False),
+        self.scoring = score_batching(cfg.reward.model, ModelDims.of(self.layout.root.core, lm_head=False),
                                       memory_at_hand(self.device, share))
         return sum(p.numel() for p in self.layout.root.parameters())
 

@@ -101,7 +101,7 @@ def test_memory_at_hand_on_cpu(tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   20000000 kB\n")
     assert mem_available_bytes(meminfo) == 20000000 * 1024
-    whole, shared = memory_at_hand(CPU), memory_at_hand(CPU, sharers=4)
+    whole, shared = memory_at_hand(CPU), memory_at_hand(CPU, processes=4)
     assert 0 < shared <= whole <= CPU_CAP_BYTES
 
 
