@@ -60,6 +60,12 @@ def num(default: float, *, gt: float | None = None, ge: float | None = None, le:
     return field(default=default, metadata={"bounds": Bounds(gt=gt, ge=ge, le=le)})
 
 
+def auto_size() -> Any:
+    """A micro-batch size (rows or tokens): >= 0, where 0, also spelt ``auto``, leaves it to the worker, which
+    sizes a token budget from its model and memory (:mod:`mmrl.budget`)."""
+    return field(default=0, metadata={"bounds": Bounds(ge=0), "auto": True})
+
+
 # Keys that were renamed: the old spelling gets an error that names the new one.
 RENAMED = {
     "algorithm.adv_estimator": "algorithm.name (and adv_estimator=gae is now name=ppo)",
@@ -207,8 +213,13 @@ class RolloutConfig:
     """0 disables top-k."""
     max_new_tokens: int = num(16, ge=1)
     """Response length limit, in tokens."""
-    micro_batch_size: int = num(64, ge=1)
-    """Sequences per generate call (hf; vllm schedules its own batches)."""
+    micro_batch_size: int = auto_size()
+    """hf: samples per generate call (a prompt's n samples always go together); 0/auto: by
+    ``max_tokens_per_micro``. vllm schedules its own batches."""
+    max_tokens_per_micro: int = auto_size()
+    """hf: tokens per generate call, a sample costing its prompt plus ``max_new_tokens`` (what its KV cache
+    holds); it wins over ``micro_batch_size``. 0/auto (with ``micro_batch_size`` 0): sized from the model and the
+    memory at hand (:mod:`mmrl.budget`)."""
     max_model_len: int = num(0, ge=0)
     """Longest prompt + response an engine accepts; a longer prompt fails before generation, naming the
     sample. 0: the model's ``max_position_embeddings``."""
@@ -249,13 +260,16 @@ class UpdateConfig:
     """Passes over each step's batch."""
     num_mini_batches: int = num(2, ge=1)
     """Optimizer steps per epoch (the batch is split into this many mini-batches)."""
-    micro_batch_size: int = num(64, ge=1)
-    """Sequences per forward/backward (gradient accumulation inside a mini-batch)."""
-    max_tokens_per_micro: int = num(0, ge=0)
-    """When > 0, micro-batches are formed by this token budget instead of ``micro_batch_size`` rows: a row
-    costs its real response length, plus its prompt's length the first time the prompt appears in the
-    micro-batch (with ``share_prompt``; every time without). A row over the budget forms its own micro-batch.
-    All ranks take the largest micro-batch count any rank needs, so that sharded forwards stay in step."""
+    micro_batch_size: int = auto_size()
+    """Sequences per forward/backward (gradient accumulation inside a mini-batch), in the update and the
+    no-grad passes (log-probs, values); 0/auto: by ``max_tokens_per_micro``."""
+    max_tokens_per_micro: int = auto_size()
+    """Micro-batches by this token budget (it wins over ``micro_batch_size``): a row costs its real response
+    length, plus its prompt's length the first time the prompt appears in the micro-batch (with ``share_prompt``;
+    every time without). A row over the budget forms its own micro-batch. All ranks take the largest
+    micro-batch count any rank needs, so that sharded forwards stay in step. 0/auto (with ``micro_batch_size``
+    0): a budget per pass sized from the model, its activation checkpointing and the memory left after the
+    weights and the optimizer (:mod:`mmrl.budget`); the no-grad passes get a larger one than the update."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                            "seq-mean-token-sum-norm"] = "token-mean"
     """How per-token losses become one: verl's names; seq-mean-token-sum-norm is Dr. GRPO's (token sums over
@@ -388,7 +402,11 @@ class RewardModelConfig:
     """The reward model's checkpoint (``<rm.out_dir>/checkpoint``); empty: no reward model."""
     weight: float = num(1.0)
     """Its weight in the total reward."""
-    micro_batch_size: int = num(64, ge=1)
+    micro_batch_size: int = auto_size()
+    """Sequences per scoring forward; 0/auto: by ``max_tokens_per_micro``."""
+    max_tokens_per_micro: int = auto_size()
+    """Tokens per scoring forward (prompt + response of each row; it wins over ``micro_batch_size``); 0/auto:
+    sized from the model and the memory at hand (:mod:`mmrl.budget`)."""
     placement: Literal["colocate", "separate"] = "colocate"
     """colocate: its ranks share the actor's resource pool; separate: its own pool."""
     vision: VisionPartConfig = field(default_factory=VisionPartConfig)
@@ -408,7 +426,8 @@ class JudgeConfig:
                      "Is the response correct? Answer yes or no.")
     """The question put to the judge, after the prompt's media; fields: question, response, ground_truth."""
     max_new_tokens: int = num(8, ge=1)
-    micro_batch_size: int = num(64, ge=1)
+    micro_batch_size: int = auto_size()
+    """Questions per generate call of an hf engine; 0/auto: a token budget sized from the judge's model."""
     placement: Literal["colocate", "separate"] = "colocate"
 
 
@@ -738,6 +757,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
         close = difflib.get_close_matches(key, fields, n=1)
         hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
         raise ConfigError(f"unknown key {prefix}{key}{hint}; allowed keys in {where}: {', '.join(fields)}")
+    raw = {name: 0 if value == "auto" and fields[name].metadata.get("auto") else value for name, value in raw.items()}
     kwargs = {name: _coerce(hints[name], value, f"{prefix}{name}") for name, value in raw.items()}
     built = cls(**kwargs)
     _check_bounds(built, prefix)

@@ -116,6 +116,10 @@ class VLLMRolloutEngine:
     def shutdown(self) -> None:
         self.llm.llm_engine.engine_core.shutdown()
 
+    def batching(self, params: SamplingParams) -> None:
+        """None: vLLM's scheduler forms its own batches (its KV cache bounds them), whatever the rollout keys say."""
+        return None
+
     # ---- generation ---------------------------------------------------------------------------
 
     def generate(self, prompts: Sequence[EncodedPrompt], params: SamplingParams) -> RolloutOutput:

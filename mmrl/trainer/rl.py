@@ -131,6 +131,15 @@ class RLTrainer:
         self.critic = self.groups.get("critic")
         self.reward = self.build_reward()
 
+    def log_batching(self, tracker: Tracker) -> None:
+        """Print each pass's micro-batching (the automatic token budgets the workers sized, or the settings) and
+        log it as ``micro_batching.<pass>`` params."""
+        sizes: dict[str, str] = {}
+        for group in (self.workers, *self.groups.values()):
+            sizes |= group.micro_batching()
+        print("micro-batches: " + ", ".join(f"{name} {size}" for name, size in sizes.items()), flush=True)
+        tracker.log_params({f"micro_batching.{name}": size for name, size in sizes.items()})
+
     def build_reward(self) -> RewardStage:
         """The run's reward stage, scoring with this set of workers' reward-model and judge groups."""
         self.reward.connect(model=self.groups.get("reward_model"), judge=self.groups.get("judge"))
@@ -142,6 +151,7 @@ class RLTrainer:
         """Run up to ``trainer.steps`` (from ``resume`` when given), recovering from worker failures;
         export the final policy in Hugging Face format."""
         self.build_workers()
+        self.log_batching(tracker)
         if resume is not None:
             self.restore(resume)
         last_eval: dict[str, float] = {}

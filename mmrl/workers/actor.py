@@ -13,6 +13,7 @@ import torch
 
 from mmrl.algos.actor_loss import ActorLoss
 from mmrl.algos.losses import EXTRA_LOSSES, LOSS_FIELDS, POLICY_LOSSES, aggregate, kl_penalty
+from mmrl.budget import MicroBatching
 from mmrl.config import ActorConfig, UpdateConfig
 from mmrl.models.logprobs import response_logprobs
 from mmrl.parallel.grads import AllReduce
@@ -82,6 +83,7 @@ class PolicyUpdater(DataParallelUpdater):
     tables), plus an optional entropy bonus and KL-to-reference loss, over one step's batch."""
 
     prefix = "actor"
+    lm_head = True
 
     def __init__(
         self,
@@ -91,8 +93,9 @@ class PolicyUpdater(DataParallelUpdater):
         spec: LogProbSpec,
         device: torch.device,
         all_reduce: AllReduce,
+        micro: MicroBatching | None = None,
     ) -> None:
-        super().__init__(layout, cfg, device, all_reduce)
+        super().__init__(layout, cfg, device, all_reduce, micro)
         self.loss, self.spec = loss, spec
         self.policy_loss = POLICY_LOSSES[loss.policy]
         self.extra_losses = [(name, EXTRA_LOSSES[name], coef) for name, coef in loss.extras]

@@ -30,6 +30,8 @@ from pathlib import Path
 import torch
 
 from mmrl.algos import ALGORITHMS, needs_reference, policy_loss
+from mmrl.budget import (MicroBatching, ModelDims, memory_at_hand, score_batching, sharers, training_state_bytes,
+                         update_batching)
 from mmrl.config import Config
 from mmrl.controller import Dispatch, register
 from mmrl.models.encoding import vision_token_ids
@@ -82,23 +84,46 @@ class ActorRolloutRefWorker(CheckpointedWorker):
             # the merged weights (of the adapted layers; the others are the actor's tensors), which generate faster.
             shared = None if self.actor.is_sharded or lora else self.actor.root.model
             self.rollout = build_rollout_engine(
-                cfg, checkpoint=checkpoint, processor=self.processor, device=self.device, policy=shared
+                cfg, checkpoint=checkpoint, processor=self.processor, device=self.device, policy=shared,
+                memory_bytes=self.memory_for_passes(),
             )
             self.release_engine()
+        self.batching = self.size_batches()
         tokenizer = self.processor.tokenizer
         self.spec = LogProbSpec(
             pad_token_id=tokenizer.pad_token_id,
             banned_ids=vision_token_ids(self.processor),
             temperature=cfg.rollout.temperature,
-            micro_batch_size=cfg.actor.micro_batch_size,
-            max_tokens_per_micro=cfg.actor.max_tokens_per_micro,
+            micro_batch_size=self.batching["actor.log_probs"].rows,
+            max_tokens_per_micro=self.batching["actor.log_probs"].tokens,
             share_prompt=cfg.actor.share_prompt and cfg.model.attn_implementation != "flash_attention_2",
             chunk_tokens=cfg.actor.logprob_chunk_tokens,
         )
-        self.updater = PolicyUpdater(
-            self.actor, cfg.actor, policy_loss(cfg), self.spec, self.device, self.all_reduce_sum
-        )
+        self.updater = PolicyUpdater(self.actor, cfg.actor, policy_loss(cfg), self.spec, self.device,
+                                     self.all_reduce_sum, micro=self.batching["actor.update"])
         return sum(p.numel() for p in self.actor.root.parameters())
+
+    def size_batches(self) -> dict[str, MicroBatching | None]:
+        """Each pass's micro-batching: the config's settings, else token budgets for the memory left once the
+        models and the engine are in place (what the engine keeps between rollouts is not free)."""
+        memory, dims, cfg = self.memory_for_passes(), ModelDims.of(self.actor.root.core), self.cfg
+        batching = {"actor.update": update_batching(cfg.actor, dims, memory),
+                    "actor.log_probs": score_batching(cfg.actor, dims, memory)}
+        if self.rollout is not None:
+            batching["rollout.generate"] = self.rollout.batching(SamplingParams(
+                n=cfg.rollout.n, max_new_tokens=cfg.rollout.max_new_tokens))
+        return batching
+
+    def memory_for_passes(self) -> int:
+        """Bytes this rank's passes may use: its share of the memory at hand, less the gradients and AdamW state
+        the actor's optimizer has yet to allocate (:mod:`mmrl.budget`)."""
+        share = sharers(self.cfg, self.device.type, ALGORITHMS[self.cfg.algorithm.name].needs_critic)
+        return memory_at_hand(self.device, share) - training_state_bytes(self.actor.trainable())
+
+    @register(Dispatch.RANK_ZERO)
+    def micro_batching(self) -> dict[str, str]:
+        """Each pass's micro-batching (rank 0's; an automatic budget may differ a little between ranks)."""
+        return {name: str(b) if b is not None else "the engine's own" for name, b in self.batching.items()}
 
     def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The actor's full tensors with Hugging Face names, one at a time (all ranks iterate in step); LoRA
