@@ -185,7 +185,7 @@ def test_the_updater_sizes_an_auto_budget_and_keeps_a_setting(tiny):
     from mmrl.workers.actor import LogProbSpec, PolicyUpdater
 
     model, processor = tiny
-    spec = LogProbSpec(processor.tokenizer.pad_token_id, vision_token_ids(processor.tokenizer), 1.0, 64)
+    spec = LogProbSpec(processor.tokenizer.pad_token_id, vision_token_ids(processor), 1.0, 64)
 
     def updater(cfg: ActorConfig) -> PolicyUpdater:
         layout = shard_parts(PolicyForward(model), cfg.vision, cfg.llm, 1, CPU)
