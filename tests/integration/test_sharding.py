@@ -319,6 +319,7 @@ def test_lora_on_two_fsdp_ranks_matches_one_rank_syncs_merged_weights_and_resume
     assert torch.allclose(after, reference[0], atol=1e-5, rtol=0)  # the base did not move
 
     prompts = rows_to_batch(load_rows(base_cfg.data.dir, "train", limit=3))
+    group.forget_prompts()  # a new step, as the driver begins one: earlier tests generated on this shared group
     samples = group.generate(prompts, SamplingParams(n=2, max_new_tokens=6))
     full = sum(t.numel() for t in states2[0].values())
     assert all(r["rollout_params_held"] == full for r in group.layout_report())  # the merged model, no adapters
