@@ -29,7 +29,8 @@ PYTEST_ARGS ?=
 
 comma := ,
 PY    := $(VENV)/bin/python
-PIP   := $(PY) -m pip --disable-pip-version-check -q
+# uv where it can be had (seconds, not minutes), else pip; with pip's configured indexes either way.
+INSTALL := $(PY) -m mmrl.installer
 STAMP := $(VENV)/.mmrl-installed
 STAGE := $(PY) -m pipelines
 
@@ -40,9 +41,9 @@ help:
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install $(TORCH_SPEC)
-	$(PIP) install --no-deps $(TORCHVISION_SPEC)
-	$(PIP) install -c constraints.txt -e ".[test$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA),)]"
+	$(INSTALL) $(TORCH_SPEC)
+	$(INSTALL) --no-deps $(TORCHVISION_SPEC)
+	$(INSTALL) -c constraints.txt -e ".[test$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA),)]"
 	$(PY) -m mmrl.patches.broken_packages
 	$(PY) -m mmrl.patches.torchvision_shim
 	touch $(STAMP)
@@ -81,7 +82,7 @@ bench: bench-peer
 # mmrl vs TRL's GRPOTrainer, same model and work, samples/s and their ratio (about 4 min on 2 cores). TRL is
 # installed here, never by `make install`.
 bench-peer: $(STAMP)
-	$(PY) -c "import trl" 2>/dev/null || $(PIP) install -c constraints.txt $(TRL_SPEC)
+	$(PY) -c "import trl" 2>/dev/null || $(INSTALL) -c constraints.txt $(TRL_SPEC)
 	$(STAGE).bench_peer --config configs/demo.yaml $(ARGS)
 
 # A short GRPO and PPO run on CUDA with the tiny model, printing step times (needs `make install GPU=1`).
