@@ -102,3 +102,13 @@ def test_the_patch_embedding_as_a_matrix_product_equals_the_conv3d(bias):
     torch.testing.assert_close(results[1][1], results[0][1], atol=1e-4, rtol=1e-5)
     patch_embed.apply()
     assert Qwen2_5_VisionPatchEmbed.forward is patch_embed.linear_forward
+
+
+def test_transformers_generation_imports_without_sklearn_and_sklearn_still_imports_after():
+    """mmrl.patches.lean_imports: `import mmrl.models` leaves scikit-learn unimported, and importable."""
+    probe = run("import sys\nimport mmrl.models\n"
+                "import transformers.generation.candidate_generator as c\n"
+                "print('sklearn' in sys.modules, hasattr(c, 'roc_curve'))\n"
+                "import sklearn.metrics\nprint(sklearn.metrics.roc_curve.__name__)")
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.split() == ["False", "False", "roc_curve"]
