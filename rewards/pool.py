@@ -113,8 +113,11 @@ class RewardPool:
     def _step(self, call: _Call | None) -> None:
         self._fill()
         for worker in list(self._workers):
-            while call is not None and call.queue and worker in self._workers and worker.idle:
-                self._send(worker, call.queue.popleft(), call)
+            while call is not None and worker in self._workers and worker.idle:
+                chunk = self._next_chunk(call)
+                if chunk is None:
+                    break
+                self._send(worker, chunk, call)
         by_conn = {w.conn: w for w in self._workers}
         for conn in wait(list(by_conn), timeout=POLL_S):
             if not self._drain(by_conn[conn], call):
@@ -122,6 +125,22 @@ class RewardPool:
         for worker in list(self._workers):
             if worker in self._workers:
                 self._enforce(worker, call)
+
+    def _next_chunk(self, call: _Call) -> _Chunk | None:
+        """The first queued chunk whose function is not on hold (see :meth:`_on_hold`), taken off the queue."""
+        for position, chunk in enumerate(call.queue):
+            if not self._on_hold(chunk.spec, call):
+                del call.queue[position]
+                return chunk
+        return None
+
+    def _on_hold(self, spec: str, call: _Call) -> bool:
+        """A function that timed out in this call and has not returned yet waits for its calls in flight:
+        they tell a hang (all time out: the rest of its samples fail at once) from one slow sample (one
+        returns: it runs on). Without the wait, a worker that replaced a killed one would start a new sample
+        of a hung function while another worker's first call of it is still running."""
+        return (call.timeouts[spec] > 0 and not call.returned[spec] and spec not in call.given_up
+                and any(w.chunk is not None and w.chunk.spec == spec for w in self._workers))
 
     def _fill(self) -> None:
         if not self._finalizer.alive:
