@@ -107,6 +107,8 @@ class WorkerHost:
         cuda = torch.cuda.is_initialized()
         if cuda:
             torch.cuda.synchronize()
+            if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):  # cuBLAS keeps its workspaces allocated
+                torch._C._cuda_clearCublasWorkspaces()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         reset_peak(torch.device("cpu"), trim=True)  # freed heap back to the OS, as a fresh process holds none

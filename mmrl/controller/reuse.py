@@ -105,6 +105,11 @@ def idle_cpus() -> float:
     return sum(pool.cpus for pools in _idle().values() for pool in pools)
 
 
+def idle_hosts() -> list[ActorHandle]:
+    """Every idle host (a probe for tests: ``host.__ray_call__`` runs a function in its process)."""
+    return [host for pools in _idle().values() for pool in pools for _, host in pool.hosts]
+
+
 def release_idle_workers() -> int:
     """Kill every idle host and remove their placement groups; returns how many hosts were killed."""
     if not ray.is_initialized():

@@ -34,7 +34,9 @@ def worker_shape(cfg: ResourcesConfig, use_gpu: bool, pools: int = 1) -> tuple[f
     On CPU the available CPUs are split evenly over all bundles; colocated groups then share a bundle.
     """
     # Idle reused workers' CPUs count as free: a pool of another shape removes them (mmrl.controller.reuse).
-    cpus = float(ray.available_resources().get("CPU", os.cpu_count() or 1)) + idle_cpus()
+    # Ray lists no "CPU" while none is free: all held by idle pools, or just after a placement group's removal.
+    free = ray.available_resources().get("CPU")
+    cpus = float(free) + idle_cpus() if free is not None else idle_cpus() or float(os.cpu_count() or 1)
     per_worker = max(cpus / (cfg.num_workers * pools), 0.25) if not use_gpu else 1.0
     threads = cfg.threads_per_worker or max(1, int(cpus // cfg.num_workers))
     return per_worker, threads
