@@ -81,9 +81,9 @@ class ResourcePool:
         match = next((i for i, (s, _) in enumerate(self._idle) if s == spec), None)
         if match is not None:
             return self._idle.pop(match)[1]
-        while self._taken.get(spec.bundle, 0.0) + spec.share > 1.0 + SHARE_SLACK:
-            other = next(i for i, (s, _) in enumerate(self._idle) if s.bundle == spec.bundle)
-            self.give_back(*self._idle.pop(other), keep=False)
+        in_the_way = [i for i, (s, _) in enumerate(self._idle) if s.bundle == spec.bundle]
+        while in_the_way and self._taken.get(spec.bundle, 0.0) + spec.share > 1.0 + SHARE_SLACK:
+            self.give_back(*self._idle.pop(in_the_way.pop()), keep=False)
         self._taken[spec.bundle] = self._taken.get(spec.bundle, 0.0) + spec.share
         return RemoteHost.options(
             num_cpus=self.cpus_per_worker * spec.share,
