@@ -60,6 +60,12 @@ def num(default: float, *, gt: float | None = None, ge: float | None = None, le:
     return field(default=default, metadata={"bounds": Bounds(gt=gt, ge=ge, le=le)})
 
 
+def auto_size() -> Any:
+    """A micro-batch size (rows or tokens): >= 0, where 0, also spelt ``auto``, leaves it to the worker, which
+    sizes a token budget from its model and memory (:mod:`mmrl.budget`)."""
+    return field(default=0, metadata={"bounds": Bounds(ge=0), "auto": True})
+
+
 # Keys that were renamed: the old spelling gets an error that names the new one.
 RENAMED = {
     "algorithm.adv_estimator": "algorithm.name (and adv_estimator=gae is now name=ppo)",
@@ -75,11 +81,14 @@ class ModelConfig:
     """Parameter dtype for training and rollout."""
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     """Attention kernel passed to transformers."""
+    family: Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "smolvlm"] = "qwen2_5_vl"
+    """The model family ``make model`` builds a tiny model of (mmrl/models/families/). Every other stage reads a
+    checkpoint's family from its config.json (``model_type``), never from here."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class TinyModelConfig:
-    """Sizes of the tiny Qwen2.5-VL that ``make model`` builds. ``mrope_section`` must sum to head_dim / 2."""
+    """Sizes of the tiny model that ``make model`` builds (of the family ``model.family``)."""
 
     vocab_size: int = num(384, ge=64)
     hidden_size: int = num(128, ge=8)
@@ -90,17 +99,11 @@ class TinyModelConfig:
     vision_depth: int = num(2, ge=1)
     vision_hidden_size: int = num(64, ge=8)
     vision_heads: int = num(4, ge=1)
-    patch_size: int = num(14, ge=1)
+    patch_size: int = num(0, ge=0)
+    """Vision patch side in pixels; 0: the family's own."""
     merge_size: int = num(2, ge=1)
     min_pixels: int = num(28 * 28, ge=1)
     max_pixels: int = num(112 * 112, ge=1)
-
-    @property
-    def mrope_section(self) -> list[int]:
-        half = self.hidden_size // self.num_heads // 2
-        temporal = half // 4
-        spatial = (half - temporal) // 2
-        return [temporal, spatial, half - temporal - spatial]
 
 
 Strategy = Literal["replicate", "fsdp", "hsdp"]
@@ -210,8 +213,13 @@ class RolloutConfig:
     """0 disables top-k."""
     max_new_tokens: int = num(16, ge=1)
     """Response length limit, in tokens."""
-    micro_batch_size: int = num(64, ge=1)
-    """Sequences per generate call (hf; vllm schedules its own batches)."""
+    micro_batch_size: int = auto_size()
+    """hf: samples per generate call (a prompt's n samples always go together); 0/auto: by
+    ``max_tokens_per_micro``. vllm schedules its own batches."""
+    max_tokens_per_micro: int = auto_size()
+    """hf: tokens per generate call, a sample costing its prompt plus ``max_new_tokens`` (what its KV cache
+    holds); it wins over ``micro_batch_size``. 0/auto (with ``micro_batch_size`` 0): sized from the model and the
+    memory at hand (:mod:`mmrl.budget`)."""
     max_model_len: int = num(0, ge=0)
     """Longest prompt + response an engine accepts; a longer prompt fails before generation, naming the
     sample. 0: the model's ``max_position_embeddings``."""
@@ -252,13 +260,16 @@ class UpdateConfig:
     """Passes over each step's batch."""
     num_mini_batches: int = num(2, ge=1)
     """Optimizer steps per epoch (the batch is split into this many mini-batches)."""
-    micro_batch_size: int = num(64, ge=1)
-    """Sequences per forward/backward (gradient accumulation inside a mini-batch)."""
-    max_tokens_per_micro: int = num(0, ge=0)
-    """When > 0, micro-batches are formed by this token budget instead of ``micro_batch_size`` rows: a row
-    costs its real response length, plus its prompt's length the first time the prompt appears in the
-    micro-batch (with ``share_prompt``; every time without). A row over the budget forms its own micro-batch.
-    All ranks take the largest micro-batch count any rank needs, so that sharded forwards stay in step."""
+    micro_batch_size: int = auto_size()
+    """Sequences per forward/backward (gradient accumulation inside a mini-batch), in the update and the
+    no-grad passes (log-probs, values); 0/auto: by ``max_tokens_per_micro``."""
+    max_tokens_per_micro: int = auto_size()
+    """Micro-batches by this token budget (it wins over ``micro_batch_size``): a row costs its real response
+    length, plus its prompt's length the first time the prompt appears in the micro-batch (with ``share_prompt``;
+    every time without). A row over the budget forms its own micro-batch. All ranks take the largest
+    micro-batch count any rank needs, so that sharded forwards stay in step. 0/auto (with ``micro_batch_size``
+    0): a budget per pass sized from the model, its activation checkpointing and the memory left after the
+    weights and the optimizer (:mod:`mmrl.budget`); the no-grad passes get a larger one than the update."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                            "seq-mean-token-sum-norm"] = "token-mean"
     """How per-token losses become one: verl's names; seq-mean-token-sum-norm is Dr. GRPO's (token sums over
@@ -269,6 +280,29 @@ class UpdateConfig:
     """Layout of the vision encoder (for the actor: of the reference too, which follows the actor)."""
     llm: PartConfig = field(default_factory=PartConfig)
     """Layout of the language model (embeddings, decoder layers, head)."""
+
+
+# The language model's linear layers in Qwen2/2.5/3-VL decoder layers (attention and MLP projections).
+LLM_LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(kw_only=True)
+class LoRAConfig:
+    """Low-rank adapters (peft LoRA) on the actor: the base weights stay frozen, only the adapters train; the KL
+    reference is the base with the adapters switched off, and the rollout engine gets merged weights."""
+
+    rank: int = num(0, ge=0)
+    """Rank of each adapter; 0: no LoRA (full fine-tuning)."""
+    alpha: float = num(32.0, gt=0)
+    """The adapters' output is scaled by ``alpha / rank``."""
+    dropout: float = num(0.0, ge=0, le=0.9)
+    """Dropout on the adapters' input while training (0: the update's forward equals the log-prob passes')."""
+    target_modules: list[str] = field(default_factory=lambda: list(LLM_LINEAR_LAYERS))
+    """Names of the language model's linear layers that get adapters (a layer's own name, e.g. ``q_proj``, or a
+    dotted tail, e.g. ``self_attn.q_proj``), matched inside the language model only, never the vision tower."""
+    include_vision: bool = False
+    """Also put adapters on every linear layer of the vision tower (its blocks and merger); false: the vision
+    tower stays frozen (as EasyR1 and prime-rl do)."""
 
 
 @dataclass(kw_only=True)
@@ -304,6 +338,8 @@ class ActorConfig(UpdateConfig):
     """Tokens per chunk of the LM head when scoring tokens (log-probs, entropy; the actor, the reference and
     SFT): the head's logits exist for one chunk at a time, forward and backward. 0: automatic, as many tokens
     as keep a chunk's float32 logits within 128 MiB (220 tokens at a 151,936-token vocabulary)."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """LoRA instead of full fine-tuning (``actor.lora.rank`` > 0) for the RL actor (``make sft`` trains all)."""
 
 
 @dataclass(kw_only=True)
@@ -366,7 +402,11 @@ class RewardModelConfig:
     """The reward model's checkpoint (``<rm.out_dir>/checkpoint``); empty: no reward model."""
     weight: float = num(1.0)
     """Its weight in the total reward."""
-    micro_batch_size: int = num(64, ge=1)
+    micro_batch_size: int = auto_size()
+    """Sequences per scoring forward; 0/auto: by ``max_tokens_per_micro``."""
+    max_tokens_per_micro: int = auto_size()
+    """Tokens per scoring forward (prompt + response of each row; it wins over ``micro_batch_size``); 0/auto:
+    sized from the model and the memory at hand (:mod:`mmrl.budget`)."""
     placement: Literal["colocate", "separate"] = "colocate"
     """colocate: its ranks share the actor's resource pool; separate: its own pool."""
     vision: VisionPartConfig = field(default_factory=VisionPartConfig)
@@ -386,7 +426,8 @@ class JudgeConfig:
                      "Is the response correct? Answer yes or no.")
     """The question put to the judge, after the prompt's media; fields: question, response, ground_truth."""
     max_new_tokens: int = num(8, ge=1)
-    micro_batch_size: int = num(64, ge=1)
+    micro_batch_size: int = auto_size()
+    """Questions per generate call of an hf engine; 0/auto: a token budget sized from the judge's model."""
     placement: Literal["colocate", "separate"] = "colocate"
 
 
@@ -564,6 +605,7 @@ class Config:
                     f"{mini} mini-batches on each of resources.num_workers={self.resources.num_workers} workers; "
                     f"lower {section}.num_mini_batches"
                 )
+        _check_lora(self)
         if self.actor.old_log_probs == "rollout" and (self.rollout.top_p < 1 or self.rollout.top_k > 0):
             raise ConfigError("actor.old_log_probs=rollout needs rollout.top_p=1 and rollout.top_k=0: with a "
                               "truncated distribution the engine's log-probs are not the policy's")
@@ -585,6 +627,20 @@ def require_known(key: str, value: str, table: Mapping[str, Any]) -> None:
     """Raise a ConfigError naming ``key`` and the allowed names when ``value`` is not a name of ``table``."""
     if value not in table:
         raise ConfigError(f"{key}={value!r} is unknown; allowed: {', '.join(sorted(table))}")
+
+
+def _check_lora(cfg: Config) -> None:
+    lora = cfg.actor.lora
+    if not lora.rank:
+        return
+    bad = [name for name in lora.target_modules
+           if not name or not all(p.isidentifier() or p.isdigit() for p in name.split("."))]
+    if not lora.target_modules or bad:
+        raise ConfigError(f"actor.lora.target_modules={lora.target_modules!r} must name linear layers of the language "
+                          f"model (e.g. {', '.join(LLM_LINEAR_LAYERS)}){f'; not a layer name: {bad}' if bad else ''}")
+    if lora.include_vision and cfg.actor.vision.freeze:
+        raise ConfigError("actor.lora.include_vision=true puts trained adapters on the vision tower, but "
+                          "actor.vision.freeze=true freezes it: set one of them to false")
 
 
 def _check_part(cfg: Config, name: str) -> None:
@@ -709,6 +765,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
         close = difflib.get_close_matches(key, fields, n=1)
         hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
         raise ConfigError(f"unknown key {prefix}{key}{hint}; allowed keys in {where}: {', '.join(fields)}")
+    raw = {name: 0 if value == "auto" and fields[name].metadata.get("auto") else value for name, value in raw.items()}
     kwargs = {name: _coerce(hints[name], value, f"{prefix}{name}") for name, value in raw.items()}
     built = cls(**kwargs)
     _check_bounds(built, prefix)

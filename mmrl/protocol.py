@@ -223,7 +223,7 @@ def sample_tokens(batch: Batch) -> list[int]:
 
 
 PIXELS_PER_TOKEN = 28 * 28
-"""Pixels per vision token in the estimate (Qwen-VL: 14-pixel patches merged 2 x 2); only balance depends on it."""
+"""Pixels per vision token in the estimate (14-pixel patches merged 2 x 2, as most VLMs here); only balance depends on it."""
 
 
 def estimate_prompt_tokens(messages: Any, images: Any, videos: Any) -> int:

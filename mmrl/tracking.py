@@ -81,7 +81,8 @@ class Tracker:
         mlflow.set_tracking_uri(self.uri)
         ensure_experiment(experiment, self.uri, cfg.tracking)
         self.history: dict[str, list[tuple[int, float]]] = {}
-        if resume_run_id and _run_exists(resume_run_id):
+        self.resumed = bool(resume_run_id and _run_exists(resume_run_id))
+        if self.resumed:
             self.run = mlflow.start_run(run_id=resume_run_id)
             self.run_id = self.run.info.run_id
             self._read_history(history_keys)
@@ -95,6 +96,12 @@ class Tracker:
         items = list(params.items())
         for start in range(0, len(items), 100):  # MLflow takes at most 100 params per call
             mlflow.log_params(dict(items[start : start + 100]))
+
+    def log_params(self, params: dict[str, str]) -> None:
+        """More params beside the config's; a resumed run keeps the ones its first part logged (MLflow's params
+        cannot change)."""
+        if not self.resumed:
+            mlflow.log_params({k: _param_value(v) for k, v in params.items()})
 
     def _read_history(self, keys: Sequence[str]) -> None:
         client = MlflowClient(self.uri)

@@ -87,7 +87,7 @@ def ensure_inputs(cfg: Config, rebuild_data: bool = False) -> None:
     from pipelines.model import task_corpus
 
     if not (Path(cfg.model.path) / "config.json").is_file():
-        build_tiny_vlm(task_corpus(cfg), cfg.tiny_model, cfg.model.path, cfg.seed)
+        build_tiny_vlm(task_corpus(cfg), cfg.tiny_model, cfg.model.path, cfg.seed, cfg.model.family)
     if rebuild_data or not (Path(cfg.data.dir) / "train.parquet").is_file():
         splits = build_splits(cfg.data.tasks, cfg.data.sizes, cfg.seed, cfg.data.image_size, cfg.data.max_count)
         for split, rows in splits.items():

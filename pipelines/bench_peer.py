@@ -1,9 +1,11 @@
 """``make bench-peer`` (and the end of ``make bench``): mmrl against TRL's GRPOTrainer on the same work.
 
 The same random-init tiny model, the same 112x112 images and prompts, the same GRPO work (P prompts x n
-samples x up to T new tokens, temperature 1, no KL, one PPO epoch, one optimizer step per batch, the same
-training micro-batch size, all P*n samples generated in one batch as TRL does), one process each side with
-the same torch threads. A random-init model rarely emits the
+samples x up to T new tokens, temperature 1, no KL, one PPO epoch, one optimizer step per batch), one process
+each side with the same torch threads. mmrl runs at its defaults: its automatic token budgets
+(:mod:`mmrl.budget`) put a step's P*n samples in one generation batch and one update micro-batch at these
+shapes, which TRL is given too (one generation batch is TRL's own way; ``actor.micro_batch_size`` set in the
+config or ARGS sets both sides' training micro-batch instead). A random-init model rarely emits the
 end-of-turn token, so nearly every response runs to T tokens on both sides (the mean lengths are printed).
 
 Each side runs ``1 + STEPS`` steps; the first is a warm-up and the table gives the median of the rest, split
@@ -12,6 +14,11 @@ optional dependency: ``make bench-peer`` installs it (``make install`` never doe
 
     python -m pipelines.bench_peer --config configs/demo.yaml
     MMRL_PEER_SIZES="16x8x16 64x8x32" python -m pipelines.bench_peer --config configs/demo.yaml  # other sizes
+    MMRL_PEER_SIDES="mmrl-64-rows mmrl" python -m pipelines.bench_peer --config configs/demo.yaml  # other sides
+
+Sides (``$MMRL_PEER_SIDES``, default ``trl mmrl``; the ratio column compares each with the first): ``trl``,
+``mmrl``, and ``mmrl-64-rows``, mmrl at the row-count defaults it had before the token budgets (64 samples per
+generate call and per micro-batch).
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ from pipelines.cli import parse_command
 OUT = Path("outputs/bench_peer")
 SIZES = ((16, 8, 16), (64, 8, 32))  # prompts x samples x max new tokens; $MMRL_PEER_SIZES="2x2x4 8x4x8" overrides
 STEPS = 3
+SIDES = ("trl", "mmrl")
+MMRL_SIDES = {"mmrl": [], "mmrl-64-rows": ["rollout.micro_batch_size=64", "actor.micro_batch_size=64"]}
+"""The mmrl sides: the overrides each adds to the shared work."""
 
 
 @dataclass
@@ -56,7 +66,6 @@ def peer_overrides(prompts: int, n: int, tokens: int, threads: int) -> list[str]
         f"trainer.steps={1 + STEPS}", f"trainer.prompts_per_step={prompts}", "trainer.eval_every=0",
         "trainer.save_every=0", "trainer.val_size=8",
         f"rollout.n={n}", f"rollout.max_new_tokens={tokens}", "rollout.temperature=1.0",
-        f"rollout.micro_batch_size={prompts * n}",  # TRL generates a step's samples in one batch: so does mmrl here
         "algorithm.name=grpo", "actor.use_kl_loss=false", "actor.ppo_epochs=1", "actor.num_mini_batches=1",
         "resources.num_workers=1", f"resources.threads_per_worker={threads}",
         f"tracking.uri=sqlite:///{OUT}/mlflow.db",
@@ -142,14 +151,14 @@ def run_trl(cfg: Config, prompts: int, n: int, tokens: int, threads: int) -> Sid
         def on_step_end(self, *args: Any, **kwargs: Any) -> None:
             timing["step"].append(time.perf_counter() - self.start)
 
-    micro = min(cfg.actor.micro_batch_size, prompts * n)
+    micro = min(cfg.actor.micro_batch_size or prompts * n, prompts * n)  # 0 (auto): one, as mmrl's budget gives
     args = GRPOConfig(
         output_dir=str(OUT / f"trl-{prompts}x{n}x{tokens}"), use_cpu=True, report_to=[], save_strategy="no",
         logging_steps=1000, max_steps=1 + STEPS, learning_rate=cfg.actor.lr, seed=cfg.seed,
         per_device_train_batch_size=micro, gradient_accumulation_steps=prompts * n // micro,
         num_generations=n, max_completion_length=tokens, temperature=1.0, beta=0.0, num_iterations=1,
         remove_unused_columns=False, dataloader_num_workers=0, bf16=False, disable_tqdm=True,
-        generation_kwargs={"suppress_tokens": vision_token_ids(processor.tokenizer)},
+        generation_kwargs={"suppress_tokens": vision_token_ids(processor)},
     )
     trainer = Timed(model=model, reward_funcs=[reward], args=args, train_dataset=trl_dataset(rows),
                     processing_class=processor, callbacks=[StepTimer()])
@@ -163,39 +172,53 @@ def run_trl(cfg: Config, prompts: int, n: int, tokens: int, threads: int) -> Sid
                       statistics.median(timing["length"][1:]))
 
 
-def print_rows(results: list[tuple[tuple[int, int, int], SideResult, SideResult]]) -> None:
+Result = tuple[tuple[int, int, int], dict[str, SideResult]]
+
+
+def print_rows(results: list[Result]) -> None:
     header = ["work (P x n x T)", "side", "samples/s", "step s", "generate s", "score+log-probs s", "update s",
-              "mean length", "mmrl / TRL"]
+              "mean length", "vs first"]
     rows = []
-    for (p, n, t), ours, theirs in results:
-        ratio = ours.samples_per_s(p * n) / theirs.samples_per_s(p * n)
-        for name, side in (("TRL", theirs), ("mmrl", ours)):
+    for (p, n, t), sides in results:
+        first = next(iter(sides.values()))
+        for index, (name, side) in enumerate(sides.items()):
+            ratio = side.samples_per_s(p * n) / first.samples_per_s(p * n)
             rows.append([f"{p}x{n}x{t}", name, f"{side.samples_per_s(p * n):.1f}", f"{side.step_s:.3f}",
                          *(f"{side.phases[k]:.3f}" for k in ("generate", "score+log-probs", "update")),
-                         f"{side.mean_length:.1f}", f"{ratio:.2f}x" if name == "mmrl" else ""])
+                         f"{side.mean_length:.1f}", f"{ratio:.2f}x" if index else ""])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    print(f"\nGRPO step, mmrl vs TRL GRPOTrainer, same model and work; median of {STEPS} steps after a warm-up")
+    print(f"\nGRPO step, {' vs '.join(results[0][1])}, same model and work; median of {STEPS} steps after a warm-up")
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
 
 
-def main(argv: list[str] | None = None) -> list[tuple[tuple[int, int, int], SideResult, SideResult]]:
+def main(argv: list[str] | None = None) -> list[Result]:
     from pipelines.bench import ensure_inputs
 
     command = parse_command(__doc__, argv)
     sizes = [tuple(int(x) for x in size.split("x")) for size in os.environ["MMRL_PEER_SIZES"].split()] \
         if os.environ.get("MMRL_PEER_SIZES") else SIZES
+    sides = os.environ.get("MMRL_PEER_SIDES", "").split() or list(SIDES)
+    unknown = [s for s in sides if s != "trl" and s not in MMRL_SIDES]
+    if unknown:
+        allowed = ", ".join(["trl", *MMRL_SIDES])
+        raise SystemExit(f"bench-peer: unknown side(s) {unknown} in MMRL_PEER_SIDES; allowed: {allowed}")
     threads = command.load().resources.threads_per_worker or torch.get_num_threads()
     train = max(p for p, _, _ in sizes) * (1 + STEPS)
     data_sizes = f"data.sizes={{sft: 8, train: {train}, val: 8, test: 8}}"
     ensure_inputs(command.load(*peer_overrides(*sizes[0], threads), data_sizes), rebuild_data=True)  # sized by the work
-    results = []
+    results: list[Result] = []
     for prompts, n, tokens in sizes:
-        run_cfg = command.load(*peer_overrides(prompts, n, tokens, threads), data_sizes)
-        theirs = run_trl(run_cfg, prompts, n, tokens, threads)
-        ours = run_mmrl(run_cfg)
-        results.append(((prompts, n, tokens), ours, theirs))
+        work = [*peer_overrides(prompts, n, tokens, threads), data_sizes]
+        measured = {}
+        for side in sides:
+            if side == "trl":
+                measured["TRL"] = run_trl(command.load(*work), prompts, n, tokens, threads)
+            else:
+                out_dir = f"trainer.out_dir={OUT / f'{side}-{prompts}x{n}x{tokens}'}"
+                measured[side] = run_mmrl(command.load(*work, out_dir, *MMRL_SIDES[side]))
+        results.append(((prompts, n, tokens), measured))
         print_rows(results)
     return results
 

@@ -57,7 +57,7 @@ def video_limits(cfg: Config, factor: int) -> VideoLimits:
 def convert(cfg: Config) -> None:
     out = Path(cfg.data.dir)
     processor = load_processor(cfg.model.path)  # sizes the media and counts the prompt tokens
-    factor = patch_factor(processor.image_processor)
+    factor = patch_factor(processor)
 
     def count_tokens(prompt: str, images: list, videos: list[Video]) -> int:
         return len(encode_prompt(processor, [{"role": "user", "content": prompt}], images, videos))

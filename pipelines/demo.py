@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"demo: stage {name} took {stage_s[name]} s", flush=True)
         return out
 
-    path = timed("model", build_tiny_vlm, model.task_corpus(cfg), cfg.tiny_model, cfg.model.path, cfg.seed)
+    path = timed("model", build_tiny_vlm, model.task_corpus(cfg), cfg.tiny_model, cfg.model.path, cfg.seed,
+                 cfg.model.family)
     print(f"demo: tiny model with {count_parameters(load_model(path)) / 1e6:.2f} M parameters")
     timed("data", data.synthetic, cfg)
     sft = timed("sft", run_sft, cfg)

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     command = parse_command(__doc__, argv)
     small = check_overrides(command.load())
     cfg = command.load(*small)
-    build_tiny_vlm(model.task_corpus(cfg), cfg.tiny_model, cfg.model.path, cfg.seed)
+    build_tiny_vlm(model.task_corpus(cfg), cfg.tiny_model, cfg.model.path, cfg.seed, cfg.model.family)
     data.synthetic(cfg)
     device = torch.cuda.get_device_name(0) if cfg.resources.device == "cuda" else "cpu"
     results = {}

@@ -1,9 +1,11 @@
-"""Stage ``make model``: build the tiny Qwen2.5-VL (random init, BPE tokenizer trained on the task corpus).
+"""Stage ``make model``: build a tiny VLM of the family ``model.family`` (default Qwen2.5-VL; also qwen2_vl,
+qwen3_vl, smolvlm): random init, BPE tokenizer trained on the task corpus.
 
 Writes a Hugging Face checkpoint folder at ``model.path`` (config, weights, tokenizer, processors).
-A real checkpoint needs no such stage: point ``model.path`` at it.
+A real checkpoint needs no such stage: point ``model.path`` at it (its family is read from its config).
 
     python -m pipelines.model --config configs/demo.yaml tiny_model.hidden_size=256
+    python -m pipelines.model model.family=qwen3_vl model.path=outputs/model/tiny-qwen3-vl
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ def task_corpus(cfg: Config, rows_per_task: int = 200) -> Iterator[str]:
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse(__doc__, argv)
-    path = build_tiny_vlm(task_corpus(cfg), cfg.tiny_model, cfg.model.path, cfg.seed)
+    path = build_tiny_vlm(task_corpus(cfg), cfg.tiny_model, cfg.model.path, cfg.seed, cfg.model.family)
     model = load_model(path)
-    print(f"model: tiny Qwen2.5-VL with {count_parameters(model) / 1e6:.2f} M parameters -> {path}")
+    print(f"model: tiny {cfg.model.family} ({type(model).__name__}) with {count_parameters(model) / 1e6:.2f} M "
+          f"parameters -> {path}")
 
 
 if __name__ == "__main__":

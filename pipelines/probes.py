@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from mmrl.controller import Dispatch, register
+from mmrl.models.families import family_of
 from mmrl.parallel.sharding import full_state
 from mmrl.workers.critic import CriticWorker
 from mmrl.workers.hybrid import ActorRolloutRefWorker
@@ -26,14 +27,20 @@ class ProbedActor(ActorRolloutRefWorker):
     def init_model(self, *args: Any, **kwargs: Any) -> int:
         count = super().init_model(*args, **kwargs)
         self.vision_items = 0
-        visual = self.actor.root.core.visual
+        tower = self.vision_tower()
 
         def counted(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-            grid = kwargs["grid_thw"] if "grid_thw" in kwargs else args[1]
-            self.vision_items += int(grid.shape[0])
+            # Items: the grid's rows where the tower takes grids, else the images (tiles) it is given.
+            grid = kwargs["grid_thw"] if "grid_thw" in kwargs else args[1] if len(args) > 1 else None
+            items = grid if grid is not None else kwargs["pixel_values"] if "pixel_values" in kwargs else args[0]
+            self.vision_items += int(items.shape[0])
 
-        visual.register_forward_pre_hook(counted, with_kwargs=True)
+        tower.register_forward_pre_hook(counted, with_kwargs=True)
         return count
+
+    def vision_tower(self) -> torch.nn.Module:
+        core = self.actor.root.core
+        return family_of(core.config).vision(core)
 
     @register(Dispatch.ONE_TO_ALL)
     def vision_passes(self, reset: bool = True) -> int:
@@ -62,8 +69,10 @@ class ProbedActor(ActorRolloutRefWorker):
     def full_state_dict(self, part: str = "all") -> dict[str, torch.Tensor]:
         """Copies of the full parameters (``part``: all | vision | llm), Hugging Face names."""
         out = {}
-        for name, tensor in self.hf_weights():
-            is_vision = ".visual." in f".{name}"
+        vision = {id(p) for p in self.vision_tower().parameters()}
+        ids = [id(p) for p in self.actor.root.parameters()]  # in the order hf_weights yields them
+        for (name, tensor), pid in zip(self.hf_weights(), ids):
+            is_vision = pid in vision
             if part == "all" or (part == "vision") == is_vision:
                 out[name] = tensor.detach().cpu().clone()
         return out
@@ -71,15 +80,15 @@ class ProbedActor(ActorRolloutRefWorker):
     @register(Dispatch.ONE_TO_ALL)
     def layout_report(self) -> dict[str, object]:
         """What this rank holds: parameter kinds, optimizer-state owners and gradients."""
-        visual = self.actor.root.core.visual
-        vision_ids = {id(p) for p in visual.parameters()}
+        tower = self.vision_tower()
+        vision_ids = {id(p) for p in tower.parameters()}
         state_owners = [id(p) for p in self.updater.optimizer.state]
         return {
             "sharded": len(self.actor.sharded),
             "replicated": len(self.actor.replicated),
             "vision_params_with_optimizer_state": sum(i in vision_ids for i in state_owners),
             "params_with_optimizer_state": len(state_owners),
-            "vision_params_with_grad": sum(p.grad is not None for p in visual.parameters()),
+            "vision_params_with_grad": sum(p.grad is not None for p in tower.parameters()),
             "rollout_params_held": self.rollout_params_held(),
         }
 

@@ -2,7 +2,9 @@
 
 Rollout, log-prob passes, training and evaluation all call :func:`encode_prompt` once per prompt and
 :func:`collate` to build a padded batch, so media tokens, grids, ``mm_token_type_ids``, the videos' time
-steps and hence Qwen's 3-D (mrope) position ids can never disagree between generation and training.
+steps and hence the position ids (3-D for some families) can never disagree between generation and training.
+What differs per model family (the processor's arguments, the pixels' form) is the family's
+:meth:`~mmrl.models.families.base.Family.encode`; the family is the processor's (:func:`family_of_processor`).
 
 Layout of a collated batch of B sequences (P = longest prompt, R = response width)::
 
@@ -23,21 +25,16 @@ import numpy as np
 import torch
 from PIL import Image
 
+# Per kind of media: the pixels field and the grids field (with shared media, collate(share_media=True) adds
+# two keys per kind, :func:`shared_keys`: the grids of the distinct items, and which distinct item each is).
+from mmrl.models.families import MEDIA_KINDS, family_of_processor, shared_keys
+
 # The one definition of the placeholders and their counter, shared with data prep.
 from mmrl.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Video, count_placeholders
 
-VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
 _PLACEHOLDER = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
 # Media fields of an EncodedPrompt: concatenated over the samples of a batch, in sample order.
 MEDIA_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
-# Per kind of media: the pixels field and the grids field (with shared media, collate(share_media=True) adds
-# two keys per kind, :func:`shared_keys`: the grids of the distinct items, and which distinct item each is).
-MEDIA_KINDS = (("image", "pixel_values", "image_grid_thw"), ("video", "pixel_values_videos", "video_grid_thw"))
-
-
-def shared_keys(kind: str) -> tuple[str, str]:
-    """The keys ``collate(share_media=True)`` adds for ``kind``: distinct grids (N, 3), item -> distinct (M,)."""
-    return f"{kind}_grid_thw_distinct", f"{kind}_distinct_index"
 
 
 @dataclass(eq=False)
@@ -45,15 +42,17 @@ class EncodedPrompt:
     """One prompt, tokenised and with its media processed.
 
     input_ids: (P,) int64, each media placeholder expanded to one token per vision feature;
-    mm_token_type_ids: (P,) int64 (0 text, 1 image, 2 video); pixel_values: (image patches,
-    C*T*patch*patch) or None; image_grid_thw: (num_images, 3) or None; pixel_values_videos: (video
-    patches, C*T*patch*patch) or None; video_grid_thw: (num_videos, 3) or None; second_per_grid_ts:
-    (num_videos,) float, the seconds one temporal grid step spans (for the time axis of the positions).
+    mm_token_type_ids: (P,) int64 (0 text, 1 image, 2 video); pixel_values: the images' pixels in the form the
+    family's tower takes (flattened patches (patches, C*T*patch*patch), or whole tiles (tiles, C, H, W)) or
+    None; image_grid_thw: (num_images, 3) or None, each image's (t, h, w) grid; pixel_values_videos,
+    video_grid_thw: the same for videos; second_per_grid_ts: (num_videos,) float, the seconds one temporal
+    grid step spans (for the time axis of the positions).
 
-    ``source_images`` / ``source_videos`` are the media the processor was given, for an engine that
-    processes media itself (vLLM). They exist only in the process that encoded the prompt: pickling drops
-    them, because the processed patches are what the trainer needs and what travels. ``name`` identifies
-    the prompt in error messages (its row id).
+    ``source_images`` / ``source_videos`` are the media the processor was given, and ``template_ids`` the
+    prompt's ids before the processor expanded its media placeholders, for an engine that processes media
+    itself (vLLM). They exist only in the process that encoded the prompt: pickling drops them, because the
+    processed pixels are what the trainer needs and what travels. ``name`` identifies the prompt in error
+    messages (its row id).
     """
 
     input_ids: torch.Tensor
@@ -65,17 +64,18 @@ class EncodedPrompt:
     second_per_grid_ts: torch.Tensor | None = None
     source_images: list[Image.Image] = field(default_factory=list)
     source_videos: list[Video] = field(default_factory=list)
+    template_ids: list[int] = field(default_factory=list)
     name: str = ""
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "source_images": [], "source_videos": []}
+        return {**self.__dict__, "source_images": [], "source_videos": [], "template_ids": []}
 
 
 def to_chat_content(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Turn ``<image>`` / ``<video>`` placeholders inside message strings into Qwen content items, in order."""
+    """Turn ``<image>`` / ``<video>`` placeholders inside message strings into chat content items, in order."""
     kinds = {IMAGE_PLACEHOLDER: "image", VIDEO_PLACEHOLDER: "video"}
     converted = []
     for message in messages:
@@ -115,25 +115,15 @@ def encode_prompt(
                 f"prompt {name or ''} has {count_placeholders(messages, placeholder)} {placeholder} placeholders but "
                 f"{len(media)} {kind}s; put one placeholder where each {kind} goes"
             )
-    text = processor.apply_chat_template(to_chat_content(messages), add_generation_prompt=True, tokenize=False)
-    video_kwargs: dict[str, Any] = {}
-    if videos:
-        # Frames were sampled and sized by data prep: the processor must neither resample nor re-budget them.
-        video_kwargs = {"videos": [frames_array(v) for v in videos], "video_metadata": [video_metadata(v) for v in videos],
-                        "do_sample_frames": False, "cap_pixels_per_frame": False}
-    out = processor(text=[text], images=list(images) or None, return_tensors="pt", return_mm_token_type_ids=True,
-                    **video_kwargs)
-    seconds = out.get("second_per_grid_ts")
+    family = family_of_processor(processor)
+    text = family.chat_text(processor, to_chat_content(messages))
+    if videos and not family.takes_video:
+        raise ValueError(f"prompt {name or ''} has a video, but {family.name} models take no video input")
     return EncodedPrompt(
-        input_ids=out["input_ids"][0],
-        mm_token_type_ids=out["mm_token_type_ids"][0],
-        pixel_values=out.get("pixel_values"),
-        image_grid_thw=out.get("image_grid_thw"),
-        pixel_values_videos=out.get("pixel_values_videos"),
-        video_grid_thw=out.get("video_grid_thw"),
-        second_per_grid_ts=torch.as_tensor(seconds, dtype=torch.float32) if seconds is not None else None,
+        **family.encode(processor, text, images, videos),
         source_images=list(images),
         source_videos=list(videos),
+        template_ids=list(processor.tokenizer(text)["input_ids"]),
         name=name,
     )
 
@@ -207,7 +197,9 @@ def _distinct_media(prompts: Sequence[EncodedPrompt]) -> dict[str, torch.Tensor]
     return out
 
 
-def vision_token_ids(tokenizer: Any) -> list[int]:
-    """Ids of the tokens a policy must never emit (they would desynchronise image features)."""
-    ids = [tokenizer.convert_tokens_to_ids(tok) for tok in VISION_TOKENS]
+def vision_token_ids(processor: Any) -> list[int]:
+    """Ids of the tokens a policy must never emit (they would desynchronise the media features): the
+    processor's family's vision tokens (:meth:`~mmrl.models.families.base.Family.vision_tokens`)."""
+    tokenizer = processor.tokenizer
+    ids = [tokenizer.convert_tokens_to_ids(tok) for tok in family_of_processor(processor).vision_tokens(tokenizer)]
     return [i for i in ids if i is not None and i != tokenizer.unk_token_id]

@@ -1,12 +1,13 @@
-"""The training-side forward of a Qwen2/2.5-VL model: the vision tower runs exactly once per call, and the
-policy's forward returns token log-probs, not logits.
+"""The training-side forward of a VLM: the vision tower runs exactly once per call, and the policy's forward
+returns token log-probs, not logits.
 
 Hugging Face's forward calls the vision tower once for images and once more for videos, and not at all
 for a text-only batch. When the vision tower is sharded (FSDP), every call is a collective, so ranks
 whose micro-batches differ in media would issue different collectives and hang. Here the tower runs
-once per forward on all ranks: on the concatenated image and video patches, or on a one-token dummy
-image when the micro-batch has none (its output enters the result multiplied by zero, so the backward
-reaches the tower too). The features are handed to the model through ``mm_encoder_outputs``.
+once per forward on all ranks (the model family's :meth:`~mmrl.models.families.base.Family.encode_media`):
+on all image and video items at once, or on a dummy input when the micro-batch has none (its output
+enters the result multiplied by zero, so the backward reaches the tower too). The features are handed to
+the model through ``mm_encoder_outputs``.
 
 :class:`PolicyForward` scores response tokens inside its own forward: the language model's final hidden states
 of the scored tokens go through the LM head in chunks of tokens (:mod:`mmrl.models.scoring`), so memory never
@@ -23,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from mmrl.models.encoding import MEDIA_KINDS, shared_keys
+from mmrl.models.families import family_of, shared_keys
 from mmrl.models.packing import additive
 from mmrl.models.scoring import Scoring, score_tokens
 
@@ -32,58 +33,21 @@ VISION_ONLY = ("pixel_values", "pixel_values_videos", *shared_keys("image"), *sh
 
 
 def core_model(model: nn.Module) -> nn.Module:
-    """The ``Qwen2_5_VLModel`` (vision tower + language model, no head) inside a generation model."""
+    """The VLM without its LM head (vision tower + language model) inside a generation model."""
     core = getattr(model, "model", model)
-    if not (hasattr(core, "visual") and hasattr(core, "language_model")):
-        raise ValueError(f"{type(model).__name__} is not a Qwen2/2.5-VL style model (.model.visual, .language_model)")
+    family_of(core.config)  # raises for a model of no supported family
     return core
 
 
-def dummy_media(visual: nn.Module, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The smallest input the tower accepts: one (1, m, m) grid, m = spatial merge size -> one token.
+def encode_media(core: nn.Module, inputs: dict[str, torch.Tensor], always: bool) -> tuple[dict[str, Any], torch.Tensor | None]:
+    """Run the vision tower once on all images and videos of ``inputs`` (see
+    :meth:`~mmrl.models.families.base.Family.encode_media`).
 
-    Returns pixels (m*m, C*T*P*P) of zeros and grid_thw (1, 3).
-    """
-    cfg = visual.config
-    merge = cfg.spatial_merge_size
-    width = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
-    pixels = torch.zeros(merge * merge, width, device=device, dtype=dtype)
-    return pixels, torch.tensor([[1, merge, merge]], device=device)
-
-
-def encode_media(
-    core: nn.Module, inputs: dict[str, torch.Tensor], always: bool
-) -> tuple[dict[str, BaseModelOutputWithPooling], torch.Tensor | None]:
-    """Run the vision tower once on all images and videos of ``inputs``.
-
-    Returns ``mm_encoder_outputs`` ({"image"|"video": per-item features, each (tokens_i, D)}) and, when
-    the tower ran on the dummy input, a zero scalar that must be added to the output to keep it in the
+    Returns ``mm_encoder_outputs`` ({"image"|"video": the family's encoder output of that kind's items}) and,
+    when the tower ran on the dummy input, a zero scalar that must be added to the output to keep it in the
     graph (None otherwise).
     """
-    visual = core.visual
-    dtype = next(visual.parameters()).dtype
-    # Shared media (collate(share_media=True)): the tower sees each distinct item once; items are copies.
-    present = [(kind, inputs[pk], inputs.get(shared_keys(kind)[0], inputs[gk]), inputs.get(shared_keys(kind)[1]))
-               for kind, pk, gk in MEDIA_KINDS if inputs.get(pk) is not None]
-    if not present:
-        if not always:
-            return {}, None
-        pixels, grid = dummy_media(visual, inputs["input_ids"].device, dtype)
-        return {}, visual(pixels, grid_thw=grid).pooler_output.sum() * 0.0
-    pixels = torch.cat([p for _, p, _, _ in present]).to(dtype)
-    grids = torch.cat([g for _, _, g, _ in present])
-    merged = visual(pixels, grid_thw=grids).pooler_output
-    sizes = (grids.prod(-1) // visual.config.spatial_merge_size**2).tolist()
-    features = list(torch.split(merged, sizes))
-    outputs, start = {}, 0
-    for kind, _, grid, index in present:
-        count = grid.shape[0]
-        items = features[start : start + count]
-        if index is not None:
-            items = [items[i] for i in index.tolist()]
-        outputs[kind] = BaseModelOutputWithPooling(pooler_output=tuple(items))
-        start += count
-    return outputs, None
+    return family_of(core.config).encode_media(core, inputs, always)
 
 
 def text_inputs(inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -172,7 +136,7 @@ class ValueModel(nn.Module):
     @classmethod
     def from_policy(cls, model: nn.Module) -> ValueModel:
         core = core_model(model)
-        return cls(core, core.language_model.config.hidden_size)
+        return cls(core, family_of(core.config).text_hidden_size(core))
 
     def forward(self, inputs: dict[str, torch.Tensor], width: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """inputs: collated (B, P+width), responses right-padded to ``width``.

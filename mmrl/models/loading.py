@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForImageTextToText, AutoProcessor
+from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
-from mmrl.patches import patch_embed, qwen_mrope
+from mmrl.models.families import Family, family_of, family_of_processor
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -24,18 +24,28 @@ def check_checkpoint(path: str | Path, what: str = "model") -> Path:
     return folder
 
 
+def checkpoint_family(path: str | Path) -> Family:
+    """The model family of a checkpoint folder, from its config.json's ``model_type``."""
+    return family_of(AutoConfig.from_pretrained(check_checkpoint(path)))
+
+
 def load_model(path: str | Path, dtype: str = "float32", attn: str = "sdpa", device: torch.device | str = "cpu") -> Any:
-    """A Hugging Face VLM from a local folder, with mmrl's Qwen position-id and patch-embedding patches
-    installed (see :mod:`mmrl.patches.qwen_mrope`, :mod:`mmrl.patches.patch_embed`)."""
-    qwen_mrope.apply()
-    patch_embed.apply()
+    """A Hugging Face VLM from a local folder, with its family's patches installed (:meth:`Family.prepare`)."""
     folder = check_checkpoint(path)
-    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=DTYPES[dtype], attn_implementation=attn)
+    config = AutoConfig.from_pretrained(folder)
+    family_of(config).prepare()
+    model = AutoModelForImageTextToText.from_pretrained(folder, config=config, dtype=DTYPES[dtype],
+                                                        attn_implementation=attn)
     return model.to(device)
 
 
 def load_processor(path: str | Path) -> Any:
+    """The checkpoint's processor (left padding); it must be its model family's processor class."""
+    family = checkpoint_family(path)
     processor = AutoProcessor.from_pretrained(check_checkpoint(path))
+    if family_of_processor(processor) is not family:
+        raise ValueError(f"checkpoint {path}: its processor is a {type(processor).__name__}, but its model is a "
+                         f"{family.name} ({family.processor_class}); save the family's processor with the model")
     processor.tokenizer.padding_side = "left"
     return processor
 
@@ -53,7 +63,12 @@ def save_checkpoint(
     return folder
 
 
-def patch_factor(image_processor: Any) -> int:
-    """The side, in pixels, that image sizes must be multiples of for this image processor: patch size
-    times spatial merge size (28 for Qwen2/2.5-VL)."""
-    return int(image_processor.patch_size) * int(getattr(image_processor, "merge_size", 1))
+def patch_factor(processor: Any) -> int:
+    """The side, in pixels, that image sizes must be multiples of for ``processor`` (its family's
+    :meth:`~mmrl.models.families.base.Family.size_factor`, e.g. 28 for 14-pixel patches merged 2 x 2)."""
+    return family_of_processor(processor).size_factor(processor)
+
+
+def grid_pixels(processor: Any) -> int:
+    """Pixels per cell side of the (t, h, w) grids ``processor``'s encodings give each image."""
+    return family_of_processor(processor).grid_pixels(processor)

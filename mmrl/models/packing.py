@@ -6,8 +6,8 @@ run n times; packed, it runs once::
     row g:  [pad ... pad | prompt g | response 1 (R) | response 2 (R) | ... | response k (R)]
 
 An attention mask lets every response token see the prompt and the earlier tokens of its own response only;
-every token keeps the 3-D (mrope) position it has in the unpacked row (a response token j sits at the
-prompt's largest position + 1 + j). Each response token is therefore computed from exactly the inputs of
+every token keeps the position it has in the unpacked row (the family's, 3-D for some: a response token j
+sits at the prompt's largest position + 1 + j). Each response token is therefore computed from exactly the inputs of
 the unpacked forward, so the log-probs agree up to floating-point summation order (tested in
 tests/unit/test_packing.py against the plain forward, log-probs and gradients).
 
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from mmrl.models.encoding import MEDIA_FIELDS, EncodedPrompt
+from mmrl.models.families import family_of
 
 PACKED_KEYS = ("packed_gather", "packed_mask", "position_ids")
 
@@ -55,14 +56,8 @@ class Groups:
 
 
 def prompt_positions(core: torch.nn.Module, prompt: EncodedPrompt) -> torch.Tensor:
-    """(3, P) int64 mrope positions of one prompt's tokens, from the model's own ``get_rope_index``."""
-    kwargs = {k: getattr(prompt, k) for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
-              if getattr(prompt, k) is not None}
-    if not any(k.endswith("grid_thw") for k in kwargs):  # text only: 1-D positions on all three axes
-        return torch.arange(len(prompt)).expand(3, -1)
-    positions, _ = core.get_rope_index(prompt.input_ids[None], mm_token_type_ids=prompt.mm_token_type_ids[None],
-                                       **kwargs)
-    return positions[:, 0]
+    """(A, P) int64 positions of one prompt's tokens (A: the family's position axes)."""
+    return family_of(core.config).prompt_positions(core, prompt)
 
 
 def pack(
@@ -76,11 +71,13 @@ def pack(
 
     prompts: B encoded prompts (repeats by identity share a packed row); responses, response_mask: (B, R), the
     mask the attention extent (a hole, a token the policy did not sample, is context like any response token).
-    Returns input_ids, mm_token_type_ids (G, W); position_ids (3, G, W); packed_mask (G, 1, W, W) bool, True where a
+    Returns input_ids, mm_token_type_ids (G, W); position_ids (A, G, W) (the family's form: (G, W) for plain
+    1-D positions); packed_mask (G, 1, W, W) bool, True where a
     query may attend; packed_gather (B, R) int64: the flat index
     into the (G*W) positions of the state that predicts each response token; and the distinct prompts' media.
     """
     groups = Groups.of(prompts)
+    family = family_of(core.config)
     width = responses.shape[1]
     sizes = groups.sizes()
     lengths = [len(p) + k * width for p, k in zip(groups.prompts, sizes)]
@@ -88,7 +85,7 @@ def pack(
     count = len(groups.prompts)
     input_ids = torch.full((count, total), pad_token_id, dtype=torch.long)
     mm_types = torch.zeros((count, total), dtype=torch.long)
-    positions = torch.zeros((3, count, total), dtype=torch.long)
+    positions = torch.zeros((family.position_axes, count, total), dtype=torch.long)
     segment = torch.full((count, total), -1, dtype=torch.long)  # -1 padding, 0 prompt, i + 1 response slot i
     valid = torch.zeros((count, total), dtype=torch.bool)
     starts = []
@@ -113,7 +110,7 @@ def pack(
         # Token 0 is predicted by the prompt's last state, token j > 0 by response token j - 1.
         gather[row, 0] = g * total + end - 1
         gather[row, 1:] = g * total + first + torch.arange(width - 1)
-    out = {"input_ids": input_ids, "mm_token_type_ids": mm_types, "position_ids": positions,
+    out = {"input_ids": input_ids, "mm_token_type_ids": mm_types, "position_ids": family.model_positions(positions),
            "packed_mask": attention_mask(segment, valid), "packed_gather": gather}
     for key in MEDIA_FIELDS:
         present = [getattr(p, key) for p in groups.prompts if getattr(p, key) is not None]

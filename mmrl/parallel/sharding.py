@@ -32,6 +32,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from mmrl.config import PartConfig
+from mmrl.models.families import family_of
 from mmrl.parallel.checkpointing import apply_activation_checkpointing
 
 _MESHES: dict[tuple[str, tuple[int, ...]], DeviceMesh] = {}
@@ -74,8 +75,9 @@ class Layout:
 
 def model_blocks(root: nn.Module) -> tuple[nn.Module, list[nn.Module], list[nn.Module]]:
     """(the vision tower, its blocks, the LLM's decoder layers) of ``root``: the one place that finds them."""
-    visual = root.core.visual
-    return visual, list(visual.blocks), list(root.core.language_model.layers)
+    family = family_of(root.core.config)
+    return (family.vision(root.core), list(family.vision_blocks(root.core)),
+            list(family.decoder_layers(root.core)))
 
 
 def shard_parts(root: nn.Module, vision: PartConfig, llm: PartConfig, world_size: int, device: torch.device) -> Layout:

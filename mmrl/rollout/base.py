@@ -8,6 +8,7 @@ from typing import Protocol
 
 import torch
 
+from mmrl.budget import MicroBatching
 from mmrl.models.encoding import EncodedPrompt
 
 
@@ -67,4 +68,9 @@ class RolloutEngine(Protocol):
 
     def shutdown(self) -> None:
         """Stop the engine for good (an in-process engine then holds nothing)."""
+        ...
+
+    def batching(self, params: SamplingParams) -> MicroBatching | None:
+        """How :meth:`generate` cuts a call with ``params`` into batches; None where the engine schedules its
+        own."""
         ...

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from mmrl.budget import MicroBatching, ModelDims, budget_ranges, choose, memory_at_hand, parameter_bytes, token_budget
 from mmrl.config import Config
 from mmrl.models.encoding import EncodedPrompt, vision_token_ids
 from mmrl.models.loading import load_model
@@ -31,11 +32,16 @@ class HFRolloutEngine:
         model: torch.nn.Module,
         processor: Any,
         device: torch.device,
-        micro_batch_size: int = 64,
+        micro_batch_size: int = 0,
         owns_weights: bool = False,
         max_model_len: int = 0,
+        max_tokens_per_micro: int = 0,
+        memory_bytes: int | None = None,
     ):
-        """``max_model_len``: longest prompt + response allowed; 0: the model's max_position_embeddings."""
+        """``max_model_len``: longest prompt + response allowed; 0: the model's max_position_embeddings.
+        ``micro_batch_size`` (samples) / ``max_tokens_per_micro`` (tokens) per generate call, both 0: a token
+        budget sized per call from the model and ``memory_bytes``, what the engine's batches may use (None: the
+        memory at hand now, :func:`mmrl.budget.memory_at_hand`)."""
         self.model = model
         self.owns_weights = owns_weights
         text_config = getattr(model.config, "text_config", model.config)
@@ -43,20 +49,43 @@ class HFRolloutEngine:
         self.shapes = {name: p.shape for name, p in model.named_parameters()}
         self.tokenizer = processor.tokenizer
         self.device = device
-        self.micro_batch_size = micro_batch_size
+        self.micro_batch_size, self.max_tokens_per_micro = micro_batch_size, max_tokens_per_micro
+        self.memory_bytes = memory_at_hand(device) if memory_bytes is None else memory_bytes
+        self.dims = ModelDims.of(model)
         self.pad_id = self.tokenizer.pad_token_id
         self.eos_id = self.tokenizer.eos_token_id
-        self.banned_ids = vision_token_ids(self.tokenizer)
+        self.banned_ids = vision_token_ids(processor)
 
     @classmethod
     def build(
-        cls, cfg: Config, checkpoint: str, processor: Any, device: torch.device, policy: torch.nn.Module | None
+        cls, cfg: Config, checkpoint: str, processor: Any, device: torch.device, policy: torch.nn.Module | None,
+        memory_bytes: int | None = None,
     ) -> HFRolloutEngine:
-        """Share ``policy`` when given, else load ``checkpoint`` (see :func:`mmrl.rollout.build_rollout_engine`)."""
+        """Share ``policy`` when given, else load ``checkpoint`` (see :func:`mmrl.rollout.build_rollout_engine`);
+        a copy it loads comes out of ``memory_bytes`` (measured before it was loaded)."""
         owns = policy is None
         model = load_model(checkpoint, cfg.model.dtype, cfg.model.attn_implementation, device) if owns else policy
-        return cls(model, processor, device, cfg.rollout.micro_batch_size, owns_weights=owns,
-                   max_model_len=cfg.rollout.max_model_len)
+        if memory_bytes is not None and owns:
+            memory_bytes -= parameter_bytes(model)
+        rollout = cfg.rollout
+        return cls(model, processor, device, rollout.micro_batch_size, owns_weights=owns,
+                   max_model_len=rollout.max_model_len, max_tokens_per_micro=rollout.max_tokens_per_micro,
+                   memory_bytes=memory_bytes)
+
+    def batching(self, params: SamplingParams) -> MicroBatching:
+        """How :meth:`generate` groups prompts: the configured samples or tokens per call, else a token budget
+        for ``params``' n samples of up to ``max_new_tokens`` (:func:`mmrl.budget.token_budget`)."""
+        return choose(self.micro_batch_size, self.max_tokens_per_micro, lambda: token_budget(
+            self.dims, self.memory_bytes, "rollout", samples_per_prompt=params.n,
+            tokens_per_sample=params.max_new_tokens))
+
+    def prompt_ranges(self, prompts: Sequence[EncodedPrompt], params: SamplingParams) -> list[tuple[int, int]]:
+        """Consecutive ranges of ``prompts`` generated together: within the samples (each prompt's n) or the
+        tokens (n x (prompt + max_new_tokens)) of :meth:`batching`; a prompt over it goes alone."""
+        batching = self.batching(params)
+        if batching.tokens:
+            return budget_ranges([params.n * (len(p) + params.max_new_tokens) for p in prompts], batching.tokens)
+        return budget_ranges([params.n] * len(prompts), batching.rows)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Point the engine's parameters at the given full tensors (Hugging Face names); returns the count.
@@ -95,11 +124,10 @@ class HFRolloutEngine:
         """Generate ``params.n`` responses for each prompt (sample rows grouped by prompt).
 
         Each prompt is prefilled once and its cache shared by its n samples (:mod:`mmrl.rollout.sampler`);
-        ``micro_batch_size`` bounds the samples decoded together.
+        :meth:`prompt_ranges` bounds the samples decoded together.
         """
         check_lengths(prompts, params.max_new_tokens, self.max_model_len)
-        per_call = max(1, self.micro_batch_size // params.n)
-        pieces = [self._generate_micro(prompts[i : i + per_call], params) for i in range(0, len(prompts), per_call)]
+        pieces = [self._generate_micro(prompts[a:b], params) for a, b in self.prompt_ranges(prompts, params)]
         return RolloutOutput(
             responses=torch.cat([p.responses for p in pieces]),
             response_mask=torch.cat([p.response_mask for p in pieces]),

@@ -5,8 +5,10 @@ tokens) and its KV cache is repeated for its n samples, which then decode togeth
 vision tower and the prompt tokens run n times. Here the prefill runs on the distinct prompts only. The
 decode loop is a plain one (no logits-processor stack): per step, the policy's distribution
 (:func:`~mmrl.models.logprobs.policy_log_softmax`: temperature, vision tokens banned), optional top-k / top-p
-truncation for the draw, and one forward of the new tokens with the cache. Positions follow Qwen's 3-D
-(mrope) scheme: a generated token j sits at the prompt's largest position + 1 + j on all three axes.
+truncation for the draw, and one forward of the new tokens with the cache. Positions are the model family's
+(:meth:`~mmrl.models.families.base.Family.positions`): a generated token j sits at the prompt's largest
+position + 1 + j on every axis. The vision tower runs once per prefill (:func:`~mmrl.models.forward.encode_media`,
+the training forward's path), its features handed to the model.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from collections.abc import Sequence
 import torch
 
 from mmrl.models.encoding import EncodedPrompt, collate
-from mmrl.models.forward import core_model
+from mmrl.models.families import family_of
+from mmrl.models.forward import core_model, encode_media, text_inputs
 from mmrl.models.logprobs import policy_log_softmax
 
 
@@ -69,11 +72,12 @@ def sample_shared_prefill(
     distribution at ``temperature`` (1 when greedy), untruncated.
     """
     core = core_model(model)
+    family = family_of(core.config)
     inputs = {k: v.to(device) for k, v in collate(prompts, pad_id).items()}
-    positions, _ = core.get_rope_index(
-        inputs["input_ids"], mm_token_type_ids=inputs["mm_token_type_ids"], attention_mask=inputs["attention_mask"],
-        **{k: inputs[k] for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if k in inputs})
-    out = model(**inputs, position_ids=positions, use_cache=True, logits_to_keep=1)
+    positions = family.positions(core, inputs)  # (A, G, P)
+    media, _ = encode_media(core, inputs, always=False)
+    out = model(**text_inputs(inputs), mm_encoder_outputs=media or None, position_ids=family.model_positions(positions),
+                use_cache=True, logits_to_keep=1)
     cache = out.past_key_values
     cache.batch_repeat_interleave(n)
     logits = out.logits[:, -1].repeat_interleave(n, dim=0)
@@ -92,7 +96,7 @@ def sample_shared_prefill(
         if bool(finished.all()) or step == max_new_tokens - 1:
             break
         attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
-        position = (next_position + step).view(1, -1, 1).expand(3, -1, -1)
-        logits = model(input_ids=token[:, None], attention_mask=attention, position_ids=position,
+        position = (next_position + step).view(1, -1, 1).expand(family.position_axes, -1, -1)
+        logits = model(input_ids=token[:, None], attention_mask=attention, position_ids=family.model_positions(position),
                        past_key_values=cache, use_cache=True).logits[:, -1]
     return torch.stack(tokens, dim=1).cpu(), torch.stack(log_probs, dim=1).float().cpu()

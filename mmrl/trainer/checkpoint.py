@@ -9,10 +9,12 @@
             driver.pt           the step, the prompt loader's position and RNG, the MLflow run id
             meta.json           the same facts in readable form, and the layout it was saved with
         latest                  the name of the newest complete checkpoint
-        checkpoint/             the Hugging Face export of the final policy (not a resume point)
+        checkpoint/             the Hugging Face export of the final policy (not a resume point); with LoRA
+                                the merged weights, and the adapters in peft's format in checkpoint/adapter/
 
 The reference policy is not saved: a resumed run rebuilds it from ``trainer.init``, so the KL anchor
-stays the original policy.
+stays the original policy. Nor are frozen weights (:mod:`mmrl.workers.train_state`): a LoRA run's checkpoint
+holds its adapters and their optimizer state, and resumes only over the same ``trainer.init`` and LoRA rank.
 """
 
 from __future__ import annotations
@@ -117,6 +119,19 @@ def resume_point(cfg: Config) -> Path | None:
             "driver.pt); use auto, never, or such a folder"
         )
     return path
+
+
+def check_resumable(folder: Path, cfg: Config, init: str) -> None:
+    """Raise ValueError when ``folder``'s LoRA adapters do not fit the run: another ``actor.lora.rank``, or
+    adapters saved over another base checkpoint than ``init``."""
+    meta = json.loads((folder / "meta.json").read_text())
+    saved, rank = meta.get("lora_rank", 0), cfg.actor.lora.rank
+    if saved != rank:
+        raise ValueError(f"{folder} was saved with actor.lora.rank={saved}, this run has actor.lora.rank={rank}: "
+                         "resume with the rank it was saved with, or trainer.resume=never")
+    if rank and Path(meta["init"]).resolve() != Path(init).resolve():
+        raise ValueError(f"{folder} holds LoRA adapters over {meta['init']}, not over trainer.init={init}: set "
+                         f"trainer.init={meta['init']}, or trainer.resume=never")
 
 
 def load_driver_state(folder: Path) -> DriverState:

@@ -6,7 +6,7 @@ from typing import Any
 
 from mmrl.config import Config
 from mmrl.controller.worker import resolve_device
-from mmrl.models.loading import load_processor
+from mmrl.models.loading import grid_pixels, load_processor
 from mmrl.protocol import Batch
 from mmrl.rollout import SamplingParams, build_rollout_engine
 from mmrl.rollout.samples import generate_samples
@@ -26,7 +26,7 @@ def evaluate_checkpoint(cfg: Config, checkpoint: str, split: str) -> EvalResult:
         return generate_samples(engine, processor, prompts, params)
 
     rows = load_rows(cfg.data.dir, split)
-    rewards = RewardStage(cfg.reward, patch_size=int(processor.image_processor.patch_size))
+    rewards = RewardStage(cfg.reward, patch_size=grid_pixels(processor))
     try:
         return evaluate(generate, rows, rewards.verify, cfg.eval.batch_size, cfg.eval.max_new_tokens)
     finally:

@@ -28,13 +28,13 @@ from mmrl.config import Config
 from mmrl.controller import ResourcePool, WorkerFailure, WorkerGroup
 from mmrl.controller.session import ensure_ray, worker_shape
 from mmrl.controller.worker import resolve_device
-from mmrl.models.loading import check_checkpoint, load_processor
+from mmrl.models.loading import check_checkpoint, grid_pixels, load_processor
 from mmrl.perf_memory import PEAK_KEY
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
 from mmrl.run_config import prepare_run_config
 from mmrl.tracking import Tracker, console_line
-from mmrl.trainer.checkpoint import CheckpointManager, DriverState, load_driver_state, resume_point
+from mmrl.trainer.checkpoint import CheckpointManager, DriverState, check_resumable, load_driver_state, resume_point
 from mmrl.trainer.dataset import PromptLoader, load_rows
 from mmrl.trainer.evaluation import EvalResult, evaluate, samples_html, samples_table
 from mmrl.trainer.metrics import non_finite, step_metrics, timing_metrics, value_metrics
@@ -80,7 +80,7 @@ class RLTrainer:
         for path, key in ((reward.model.path, "reward.model.path"), (reward.judge.path, "reward.judge.path")):
             if path:
                 check_checkpoint(path, key)
-        patch_size = int(load_processor(self.checkpoint).image_processor.patch_size)
+        patch_size = grid_pixels(load_processor(self.checkpoint))
         if reward.model.path:
             check_same_tokenizer(self.checkpoint, reward.model.path)
         # One per run: its reward worker processes outlive a recovery's new worker groups.
@@ -132,6 +132,15 @@ class RLTrainer:
         self.critic = self.groups.get("critic")
         self.reward = self.build_reward()
 
+    def log_batching(self, tracker: Tracker) -> None:
+        """Print each pass's micro-batching (the automatic token budgets the workers sized, or the settings) and
+        log it as ``micro_batching.<pass>`` params."""
+        sizes: dict[str, str] = {}
+        for group in (self.workers, *self.groups.values()):
+            sizes |= group.micro_batching()
+        print("micro-batches: " + ", ".join(f"{name} {size}" for name, size in sizes.items()), flush=True)
+        tracker.log_params({f"micro_batching.{name}": size for name, size in sizes.items()})
+
     def build_reward(self) -> RewardStage:
         """The run's reward stage, scoring with this set of workers' reward-model and judge groups."""
         self.reward.connect(model=self.groups.get("reward_model"), judge=self.groups.get("judge"))
@@ -143,6 +152,7 @@ class RLTrainer:
         """Run up to ``trainer.steps`` (from ``resume`` when given), recovering from worker failures;
         export the final policy in Hugging Face format."""
         self.build_workers()
+        self.log_batching(tracker)
         if resume is not None:
             self.restore(resume)
         last_eval: dict[str, float] = {}
@@ -307,7 +317,7 @@ class RLTrainer:
                             self.kl_ctrl.value)
         meta = {"algorithm": self.cfg.algorithm.name, "num_workers": self.cfg.resources.num_workers,
                 "actor_layout": [self.cfg.actor.vision.strategy, self.cfg.actor.llm.strategy],
-                "init": self.checkpoint}
+                "init": self.checkpoint, "lora_rank": self.cfg.actor.lora.rank}
         self.last_checkpoint = self.checkpoints.commit(tmp, state, meta)
         tracker.log_metrics({"timing_s/save_checkpoint": time.perf_counter() - start}, self.step_no)
 
@@ -316,6 +326,7 @@ class RLTrainer:
         if self.critic is not None and not (folder / "critic").is_dir():
             raise ValueError(f"{folder} holds no critic, but algorithm.name={self.cfg.algorithm.name} needs one; "
                              "resume with the algorithm it was saved with, or trainer.resume=never")
+        check_resumable(folder, self.cfg, self.checkpoint)
         state = load_driver_state(folder)
         self.workers.load_state(str(folder / "actor"))
         if self.critic is not None:

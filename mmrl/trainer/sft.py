@@ -16,7 +16,7 @@ from mmrl.answer_format import format_answer
 from mmrl.config import Config
 from mmrl.controller.worker import resolve_device
 from mmrl.models.encoding import EncodedPrompt, vision_token_ids
-from mmrl.models.loading import load_processor, save_checkpoint
+from mmrl.models.loading import grid_pixels, load_processor, save_checkpoint
 from mmrl.models.logprobs import response_logprobs
 from mmrl.protocol import Batch
 from mmrl.rollout import RolloutEngine, SamplingParams, build_rollout_engine
@@ -58,7 +58,7 @@ class SFTTrainer:
         self.model = self.policy.model  # the Hugging Face model inside
         self.engine: RolloutEngine | None = None
         self.tokenizer = self.processor.tokenizer
-        self.banned = vision_token_ids(self.tokenizer)
+        self.banned = vision_token_ids(self.processor)
         rows = load_rows(cfg.data.dir, cfg.sft.split)
         self.prompts: list[EncodedPrompt] = encode_rows(self.processor, rows_to_batch(rows))
         self.targets = [target_ids(self.tokenizer, r["answer"]) for r in rows]
@@ -93,7 +93,7 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     tracker = Tracker(cfg, cfg.trainer.experiment, "sft", stage="sft")
     try:
         trainer.train(tracker)
-        rewards = RewardStage(cfg.reward, patch_size=int(trainer.processor.image_processor.patch_size))
+        rewards = RewardStage(cfg.reward, patch_size=grid_pixels(trainer.processor))
         try:
             val = evaluate(trainer.generate, load_rows(cfg.data.dir, "val", cfg.trainer.val_size),
                            rewards.verify, cfg.eval.batch_size, cfg.eval.max_new_tokens)

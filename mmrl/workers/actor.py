@@ -13,6 +13,7 @@ import torch
 
 from mmrl.algos.actor_loss import ActorLoss
 from mmrl.algos.losses import EXTRA_LOSSES, LOSS_FIELDS, POLICY_LOSSES, aggregate, kl_penalty
+from mmrl.budget import MicroBatching
 from mmrl.config import ActorConfig, UpdateConfig
 from mmrl.models.logprobs import response_logprobs
 from mmrl.parallel.grads import AllReduce
@@ -50,6 +51,8 @@ def batched_logprobs(
     """
     batch.require("prompt", "responses", "response_mask")
     logps, entropies = [], []
+    was_training = policy.training
+    policy.eval()  # no dropout (LoRA's) in a scoring pass
     with torch.no_grad():
         for micro in micro_batches(batch, spec.micro_batch_size, spec.max_tokens_per_micro, spec.share_prompt,
                                    all_reduce):
@@ -65,6 +68,7 @@ def batched_logprobs(
             logps.append(logp.cpu())
             if ent is not None:
                 entropies.append(ent.cpu())
+    policy.train(was_training)
     return torch.cat(logps), torch.cat(entropies) if with_entropy else None
 
 
@@ -79,6 +83,7 @@ class PolicyUpdater(DataParallelUpdater):
     tables), plus an optional entropy bonus and KL-to-reference loss, over one step's batch."""
 
     prefix = "actor"
+    lm_head = True
 
     def __init__(
         self,
@@ -88,8 +93,9 @@ class PolicyUpdater(DataParallelUpdater):
         spec: LogProbSpec,
         device: torch.device,
         all_reduce: AllReduce,
+        micro: MicroBatching | None = None,
     ) -> None:
-        super().__init__(layout, cfg, device, all_reduce)
+        super().__init__(layout, cfg, device, all_reduce, micro)
         self.loss, self.spec = loss, spec
         self.policy_loss = POLICY_LOSSES[loss.policy]
         self.extra_losses = [(name, EXTRA_LOSSES[name], coef) for name, coef in loss.extras]

@@ -13,6 +13,8 @@ import torch
 from safetensors.torch import save_file
 
 from mmrl.algos.losses import value_loss
+from mmrl.budget import (MicroBatching, ModelDims, memory_at_hand, score_batching, sharers, training_state_bytes,
+                         update_batching)
 from mmrl.config import Config, CriticConfig
 from mmrl.controller import Dispatch, register
 from mmrl.models.encoding import collate
@@ -26,7 +28,6 @@ from mmrl.workers.model_builder import build_model
 from mmrl.workers.prompts import SCORED, PromptCache
 from mmrl.workers.train_state import CheckpointedWorker
 from mmrl.workers.update import DataParallelUpdater
-
 
 
 def batch_values(model: torch.nn.Module, batch: Batch, pad_token_id: int, device: torch.device) -> torch.Tensor:
@@ -44,8 +45,8 @@ class ValueUpdater(DataParallelUpdater):
     normalised = ("vf_loss",)
 
     def __init__(self, layout: Layout, cfg: CriticConfig, pad_token_id: int, device: torch.device,
-                 all_reduce: AllReduce) -> None:
-        super().__init__(layout, cfg, device, all_reduce)
+                 all_reduce: AllReduce, micro: MicroBatching | None = None) -> None:
+        super().__init__(layout, cfg, device, all_reduce, micro)
         self.pad_token_id = pad_token_id
 
     def update(self, batch: Batch) -> dict[str, float]:
@@ -77,8 +78,21 @@ class CriticWorker(CheckpointedWorker):
         self.pad_token_id = processor.tokenizer.pad_token_id
         self.prompt_cache = PromptCache(processor)
         self.layout = build_model(cfg, "critic", checkpoint, device=self.device, world_size=self.world_size)
-        self.updater = ValueUpdater(self.layout, self.cfg, self.pad_token_id, self.device, self.all_reduce_sum)
+        memory = (memory_at_hand(self.device, sharers(cfg, self.device.type, needs_critic=True))
+                  - training_state_bytes(self.layout.trainable()))
+        dims = ModelDims.of(self.layout.root.core, lm_head=False)
+        self.batching = {
+            "critic.update": update_batching(self.cfg, dims, memory),
+            "critic.values": score_batching(self.cfg, dims, memory),
+        }
+        self.updater = ValueUpdater(self.layout, self.cfg, self.pad_token_id, self.device, self.all_reduce_sum,
+                                    micro=self.batching["critic.update"])
         return sum(p.numel() for p in self.layout.root.parameters())
+
+    @register(Dispatch.RANK_ZERO)
+    def micro_batching(self) -> dict[str, str]:
+        """Each pass's micro-batching (rank 0's)."""
+        return {name: str(b) for name, b in self.batching.items()}
 
     @register(Dispatch.DP_COMPUTE, fields=SCORED, optional=("policy_mask",), prompts=True)
     def compute_values(self, batch: Batch) -> Batch:
@@ -86,7 +100,8 @@ class CriticWorker(CheckpointedWorker):
         batch = self.prompt_cache.attach(batch)
         out = []
         with torch.no_grad():
-            for micro in micro_batches(batch, self.cfg.micro_batch_size, 0, False, self.all_reduce_sum):
+            values_micro = self.batching["critic.values"]
+            for micro in micro_batches(batch, values_micro.rows, values_micro.tokens, False, self.all_reduce_sum):
                 values = batch_values(self.layout.root, micro, self.pad_token_id, self.device).cpu()
                 if not micro.meta.get(FILLER):
                     out.append(values)

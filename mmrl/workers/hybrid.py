@@ -1,9 +1,11 @@
 """The hybrid actor / rollout / reference worker: one process holds the policy, its rollout engine and
-a frozen reference copy (HybridFlow's colocated "actor-rollout-ref").
+a frozen reference copy (HybridFlow's colocated "actor-rollout-ref"). With LoRA (``actor.lora.rank`` > 0) the
+policy is the frozen base plus trained adapters, and the reference is that base with the adapters off: no copy.
 
 The actor and the reference are laid out by ``actor.vision`` / ``actor.llm`` (replicated or FSDP2
 sharded). The rollout engine (``rollout.engine``) needs full weights: an hf engine runs on the actor's own
-module when every part is replicated; otherwise the engine holds its own copy.
+module when every part is replicated (and there are no LoRA adapters); otherwise the engine holds its own copy,
+which receives the merged weights (:meth:`hf_weights`).
 
 **Weight versions.** The actor's weights carry a version, 0 at load, that each ``update_actor`` increments.
 The engine's copy carries the version it was loaded with. :meth:`sync_weights` (the driver's
@@ -22,15 +24,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from mmrl.algos import ALGORITHMS, needs_reference, policy_loss
+from mmrl.budget import (MicroBatching, ModelDims, memory_at_hand, score_batching, sharers, training_state_bytes,
+                         update_batching)
 from mmrl.config import Config
 from mmrl.controller import Dispatch, register
 from mmrl.models.encoding import vision_token_ids
 from mmrl.models.loading import load_processor, save_checkpoint
+from mmrl.models.lora import (ADAPTER_DIR, adapter_state, adapter_tensors, adapters_off, export_config, has_lora,
+                              lora_layers, merged_state, save_adapters)
 from mmrl.models.weights import to_hf_names
 from mmrl.parallel.sharding import full_state
 from mmrl.protocol import Batch
@@ -61,38 +68,79 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         self.cfg = cfg
         torch.manual_seed(cfg.seed + self.rank)
         self.processor = load_processor(checkpoint)
+        self.checkpoint = checkpoint
         build = dict(device=self.device, world_size=self.world_size)
-        self.actor = build_model(cfg, "actor", checkpoint, **build)
-        use_reference = needs_reference(cfg) if with_reference is None else with_reference
-        self.reference = build_model(cfg, "reference", checkpoint, **build) if use_reference else None
+        lora = cfg.actor.lora.rank > 0
+        self.actor = build_model(cfg, "lora_actor" if lora else "actor", checkpoint, **build)
+        self.use_reference = needs_reference(cfg) if with_reference is None else with_reference
+        # With LoRA the reference is the actor's own base, its adapters off (reference_policy): no second copy.
+        self.reference = build_model(cfg, "reference", checkpoint, **build) if self.use_reference and not lora else None
         self.rollout: RolloutEngine | None = None
         self.version = 0  # of the actor's weights: +1 per update
         self.engine_version: int | None = 0  # of the engine's weights (loaded from the same checkpoint); None: freed
         self.prompt_cache = PromptCache(self.processor)
         if with_rollout:
-            shared = None if self.actor.is_sharded else self.actor.root.model
+            # An hf engine runs on a replicated actor's own module, but not on one with LoRA adapters: it holds
+            # the merged weights (of the adapted layers; the others are the actor's tensors), which generate faster.
+            shared = None if self.actor.is_sharded or lora else self.actor.root.model
             self.rollout = build_rollout_engine(
-                cfg, checkpoint=checkpoint, processor=self.processor, device=self.device, policy=shared
+                cfg, checkpoint=checkpoint, processor=self.processor, device=self.device, policy=shared,
+                memory_bytes=self.memory_for_passes(),
             )
             self.release_engine()
+        self.batching = self.size_batches()
         tokenizer = self.processor.tokenizer
         self.spec = LogProbSpec(
             pad_token_id=tokenizer.pad_token_id,
-            banned_ids=vision_token_ids(tokenizer),
+            banned_ids=vision_token_ids(self.processor),
             temperature=cfg.rollout.temperature,
-            micro_batch_size=cfg.actor.micro_batch_size,
-            max_tokens_per_micro=cfg.actor.max_tokens_per_micro,
+            micro_batch_size=self.batching["actor.log_probs"].rows,
+            max_tokens_per_micro=self.batching["actor.log_probs"].tokens,
             share_prompt=cfg.actor.share_prompt and cfg.model.attn_implementation != "flash_attention_2",
             chunk_tokens=cfg.actor.logprob_chunk_tokens,
         )
-        self.updater = PolicyUpdater(
-            self.actor, cfg.actor, policy_loss(cfg), self.spec, self.device, self.all_reduce_sum
-        )
+        self.updater = PolicyUpdater(self.actor, cfg.actor, policy_loss(cfg), self.spec, self.device,
+                                     self.all_reduce_sum, micro=self.batching["actor.update"])
         return sum(p.numel() for p in self.actor.root.parameters())
 
+    def size_batches(self) -> dict[str, MicroBatching | None]:
+        """Each pass's micro-batching: the config's settings, else token budgets for the memory left once the
+        models and the engine are in place (what the engine keeps between rollouts is not free)."""
+        memory, dims, cfg = self.memory_for_passes(), ModelDims.of(self.actor.root.core), self.cfg
+        batching = {"actor.update": update_batching(cfg.actor, dims, memory),
+                    "actor.log_probs": score_batching(cfg.actor, dims, memory)}
+        if self.rollout is not None:
+            batching["rollout.generate"] = self.rollout.batching(SamplingParams(
+                n=cfg.rollout.n, max_new_tokens=cfg.rollout.max_new_tokens))
+        return batching
+
+    def memory_for_passes(self) -> int:
+        """Bytes this rank's passes may use: its share of the memory at hand, less the gradients and AdamW state
+        the actor's optimizer has yet to allocate (:mod:`mmrl.budget`)."""
+        share = sharers(self.cfg, self.device.type, ALGORITHMS[self.cfg.algorithm.name].needs_critic)
+        return memory_at_hand(self.device, share) - training_state_bytes(self.actor.trainable())
+
+    @register(Dispatch.RANK_ZERO)
+    def micro_batching(self) -> dict[str, str]:
+        """Each pass's micro-batching (rank 0's; an automatic budget may differ a little between ranks)."""
+        return {name: str(b) if b is not None else "the engine's own" for name, b in self.batching.items()}
+
     def hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The actor's full tensors with Hugging Face names, one at a time (all ranks iterate in step)."""
-        return to_hf_names(full_state(self.actor.root))
+        """The actor's full tensors with Hugging Face names, one at a time (all ranks iterate in step); LoRA
+        adapters are merged into new tensors under the base model's names (:func:`mmrl.models.lora.merged_state`)."""
+        root = self.actor.root
+        return to_hf_names(merged_state(lora_layers(root), full_state(root)))
+
+    @contextmanager
+    def reference_policy(self) -> Iterator[torch.nn.Module]:
+        """The frozen KL reference: its own copy, or with LoRA the actor with its adapters off."""
+        if not self.use_reference:
+            raise RuntimeError("no reference policy was loaded: set actor.use_kl_loss=true to use one")
+        if self.reference is not None:
+            yield self.reference.root
+        else:
+            with adapters_off(self.actor.root) as base:
+                yield base
 
     # ---- the rollout engine's weights ---------------------------------------------------------
 
@@ -156,11 +204,10 @@ class ActorRolloutRefWorker(CheckpointedWorker):
 
     @register(Dispatch.DP_COMPUTE, fields=SCORED, optional=("policy_mask",), prompts=True)
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
-        """-> ref_log_probs (B, R) under the frozen reference policy."""
-        if self.reference is None:
-            raise RuntimeError("no reference policy was loaded: set actor.use_kl_loss=true to use one")
+        """-> ref_log_probs (B, R) under the frozen reference policy (:meth:`reference_policy`)."""
         batch = self.prompt_cache.attach(batch)
-        logp, _ = batched_logprobs(self.reference.root, batch, self.spec, self.device, False, self.all_reduce_sum)
+        with self.reference_policy() as reference:
+            logp, _ = batched_logprobs(reference, batch, self.spec, self.device, False, self.all_reduce_sum)
         return Batch(tensors={"ref_log_probs": logp})
 
     @register(Dispatch.DP_COMPUTE, fields=(*SCORED, "advantages"),
@@ -191,11 +238,18 @@ class ActorRolloutRefWorker(CheckpointedWorker):
 
     @register(Dispatch.RANK_ZERO)
     def save_checkpoint(self, path: str) -> str:
-        """Write the policy as a Hugging Face checkpoint: every rank gathers, rank 0 writes."""
+        """Write the policy as a Hugging Face checkpoint: every rank gathers, rank 0 writes. With LoRA the
+        checkpoint holds the merged weights, and ``<path>/adapter`` peft's adapter folder (over the base at the
+        checkpoint the actor was built from)."""
         state = {}
         for name, tensor in self.hf_weights():
             if self.rank == 0:
                 state[name] = tensor.cpu()
+        model = self.actor.root.model
+        adapters = adapter_state(to_hf_names(adapter_tensors(self.actor.root))) if has_lora(model) else None
         if self.rank == 0:
-            save_checkpoint(self.actor.root.model, self.processor, Path(path), state)
+            save_checkpoint(model, self.processor, Path(path), state)
+            if adapters is not None:
+                save_adapters(Path(path) / ADAPTER_DIR, adapters, export_config(model, self.cfg.actor.lora),
+                              self.checkpoint)
         return str(path)

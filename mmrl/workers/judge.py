@@ -33,13 +33,20 @@ class JudgeWorker(Worker):
         check_template(judge.template)
         self.template, self.max_new_tokens = judge.template, judge.max_new_tokens
         engine_cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(
-            cfg.rollout, engine=judge.engine or cfg.rollout.engine, micro_batch_size=judge.micro_batch_size))
+            cfg.rollout, engine=judge.engine or cfg.rollout.engine, micro_batch_size=judge.micro_batch_size,
+            max_tokens_per_micro=0))
         self.processor = load_processor(checkpoint)
         layout = build_model(cfg, "judge", checkpoint, device=self.device, distributed=False)
         self.engine: RolloutEngine = build_rollout_engine(
             engine_cfg, checkpoint=checkpoint, processor=self.processor, device=self.device, policy=layout.root.model
         )
         return sum(p.numel() for p in layout.root.parameters())
+
+    @register(Dispatch.RANK_ZERO)
+    def micro_batching(self) -> dict[str, str]:
+        """The judge engine's batching of one call (rank 0's)."""
+        batching = self.engine.batching(SamplingParams(n=1, max_new_tokens=self.max_new_tokens))
+        return {"judge.generate": str(batching) if batching is not None else "the engine's own"}
 
     @register(Dispatch.DP_COMPUTE, fields=JUDGED, optional=("videos",))
     def judge(self, batch: Batch) -> Batch:

@@ -4,6 +4,9 @@
 role         module              layout from          trainable parameters
 ===========  ==================  ===================  =================================================
 actor        PolicyForward       actor.vision / llm   all, but the vision tower when actor.vision.freeze
+lora_actor   PolicyForward with  actor.vision / llm   the adapters only (``actor.lora``; the vision tower's
+             LoRA adapters                            with actor.lora.include_vision): the base is frozen,
+                                                      and with its adapters off it is the KL reference
 reference    PolicyForward       actor.vision / llm   none (eval mode): the frozen KL anchor
 critic       ValueModel          critic.vision / llm  all (backbone + a new zero value head), but the
                                                       vision tower when critic.vision.freeze
@@ -13,7 +16,7 @@ rm_trainee   ValueModel          (single process)     all: ``make rm`` trains th
 judge        PolicyForward       (replicated)         none: a generative judge's policy
 ===========  ==================  ===================  =================================================
 
-A new role (a LoRA actor) is one more entry of ``ROLES``.
+A new role is one more entry of ``ROLES``.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from typing import Literal
 import torch
 from torch import nn
 
-from mmrl.config import Config, PartConfig, UpdateConfig, VisionPartConfig
+from mmrl.config import ActorConfig, Config, PartConfig, UpdateConfig, VisionPartConfig
+from mmrl.models.families import family_of
 from mmrl.models.forward import PolicyForward, ValueModel
 from mmrl.models.loading import load_model
+from mmrl.models.lora import apply_lora
 from mmrl.parallel.sharding import Layout, shard_parts
 
-Role = Literal["actor", "reference", "critic", "reward_model", "rm_trainee", "judge"]
+Role = Literal["actor", "reference", "critic", "reward_model", "rm_trainee", "judge", "lora_actor"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,8 @@ class RoleSpec:
     trainable: bool
     load_head: bool = False
     """Load the checkpoint's scalar head (``value_head.safetensors``)."""
+    lora: bool = False
+    """Inject the LoRA adapters of ``<section>.lora`` (:mod:`mmrl.models.lora`) and train only them."""
 
 
 ROLES: dict[str, RoleSpec] = {
@@ -51,6 +58,7 @@ ROLES: dict[str, RoleSpec] = {
     "reward_model": RoleSpec(ValueModel.from_policy, "reward.model", trainable=False, load_head=True),
     "rm_trainee": RoleSpec(ValueModel.from_policy, "", trainable=True),
     "judge": RoleSpec(PolicyForward, "", trainable=False),
+    "lora_actor": RoleSpec(PolicyForward, "actor", trainable=True, lora=True),
 }
 
 
@@ -71,13 +79,16 @@ def build_model(
     section = _section(cfg, spec.section)
     if model is None:
         model = load_model(checkpoint, cfg.model.dtype, cfg.model.attn_implementation, device)
+    if spec.lora:
+        assert isinstance(section, ActorConfig) and section.lora.rank, f"the {role} role needs actor.lora.rank > 0"
+        apply_lora(model, section.lora, cfg.seed)
     root = spec.wrap(model).to(device)
     if spec.load_head:
         root.load_head(checkpoint)
     if not spec.trainable:
         root.eval().requires_grad_(False)
-    elif section is not None and section.vision.freeze:
-        root.core.visual.requires_grad_(False)
+    elif section is not None and section.vision.freeze and not spec.lora:
+        family_of(root.core.config).vision(root.core).requires_grad_(False)
     vision, llm = (section.vision, section.llm) if section is not None else (VisionPartConfig(), PartConfig())
     if not distributed:  # one process: both parts replicated, but each keeps its activation checkpointing
         vision, llm = (replace(p, strategy="replicate") for p in (vision, llm))

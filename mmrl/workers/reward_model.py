@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from mmrl.algos import ALGORITHMS
+from mmrl.budget import ModelDims, memory_at_hand, score_batching, sharers
 from mmrl.config import Config
 from mmrl.controller import Dispatch, Worker, register
 from mmrl.models.encoding import collate
@@ -17,7 +19,6 @@ from mmrl.protocol import Batch
 from mmrl.workers.micro import FILLER, micro_batches
 from mmrl.workers.model_builder import build_model
 from mmrl.workers.prompts import SCORED, PromptCache
-
 
 
 def sequence_scores(model: torch.nn.Module, batch: Batch, pad_token_id: int, device: torch.device) -> torch.Tensor:
@@ -34,12 +35,19 @@ class RewardModelWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, cfg: Config, checkpoint: str) -> int:
         """Load the reward model at ``checkpoint`` (backbone + ``value_head.safetensors``); returns its size."""
-        self.micro_batch_size = cfg.reward.model.micro_batch_size
         processor = load_processor(checkpoint)
         self.pad_token_id = processor.tokenizer.pad_token_id
         self.prompt_cache = PromptCache(processor)
         self.layout = build_model(cfg, "reward_model", checkpoint, device=self.device, world_size=self.world_size)
+        share = sharers(cfg, self.device.type, ALGORITHMS[cfg.algorithm.name].needs_critic)
+        self.scoring = score_batching(cfg.reward.model, ModelDims.of(self.layout.root.core, lm_head=False),
+                                      memory_at_hand(self.device, share))
         return sum(p.numel() for p in self.layout.root.parameters())
+
+    @register(Dispatch.RANK_ZERO)
+    def micro_batching(self) -> dict[str, str]:
+        """The scoring pass's micro-batching (rank 0's)."""
+        return {"reward_model.scores": str(self.scoring)}
 
     @register(Dispatch.DP_COMPUTE, fields=SCORED, prompts=True)
     def compute_rm_scores(self, batch: Batch) -> Batch:
@@ -47,7 +55,7 @@ class RewardModelWorker(Worker):
         batch = self.prompt_cache.attach(batch)
         out = []
         with torch.no_grad():
-            for micro in micro_batches(batch, self.micro_batch_size, 0, False, self.all_reduce_sum):
+            for micro in micro_batches(batch, self.scoring.rows, self.scoring.tokens, False, self.all_reduce_sum):
                 scores = sequence_scores(self.layout.root, micro, self.pad_token_id, self.device).cpu()
                 if not micro.meta.get(FILLER):
                     out.append(scores)

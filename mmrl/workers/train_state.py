@@ -3,13 +3,15 @@ rank's random number generators.
 
 ::
 
-    <folder>/model_optim/      torch.distributed.checkpoint: weights (whole or sharded) and optimizer state,
-                               keyed by parameter name; every rank writes its own shards
+    <folder>/model_optim/      torch.distributed.checkpoint: the trainable weights (whole or sharded) and their
+                               optimizer state, keyed by parameter name; every rank writes its own shards
     <folder>/scheduler.pt      the LR scheduler (the same on every rank; rank 0 writes it)
     <folder>/rng_rank<r>.pt    rank r's generators (torch CPU and CUDA, Python, NumPy)
 
 The optimizer state is flattened per parameter name, so a checkpoint loads into another world size or
-another vision/llm layout (the checkpoint library reshards). Saving and loading are collectives: every
+another vision/llm layout (the checkpoint library reshards). Frozen weights (a frozen vision tower, the base
+of a LoRA policy, whose checkpoint then holds only the adapters) are not saved: they are the checkpoint the
+group was built from, and a resumed run builds it from the same one. Saving and loading are collectives: every
 rank of the group takes part, and ``folder`` must be on a file system every node sees.
 """
 
@@ -29,7 +31,9 @@ from mmrl.controller import Dispatch, Worker, register
 from mmrl.workers.update import DataParallelUpdater
 
 log = logging.getLogger(__name__)
-OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=True)
+# Loading: the frozen weights are absent from the state by design (strict would ask for them).
+LOAD_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=True, strict=False)
 
 
 def rng_state() -> dict[str, Any]:
@@ -64,8 +68,10 @@ def load_train_state(folder: Path, updater: DataParallelUpdater, rank: int) -> N
     model_sd, optim_sd = get_state_dict(updater.layout.root, updater.optimizer, options=OPTIONS)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=folder / "model_optim")
-    set_state_dict(updater.layout.root, updater.optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"], options=OPTIONS)
+    result = set_state_dict(updater.layout.root, updater.optimizer, model_state_dict=state["model"],
+                            optim_state_dict=state["optim"], options=LOAD_OPTIONS)
+    trainable = {name for name, p in updater.layout.root.named_parameters() if p.requires_grad}
+    assert not result.unexpected_keys and not trainable & set(result.missing_keys), result
     updater.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
     rng_file = folder / f"rng_rank{rank}.pt"
     if rng_file.is_file():

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
+from mmrl.budget import MicroBatching, ModelDims, memory_at_hand, training_state_bytes, update_batching
 from mmrl.config import UpdateConfig
 from mmrl.parallel.grads import AllReduce, clip_grad_norm, sum_replicated_grads
 from mmrl.parallel.sharding import Layout
@@ -76,9 +77,16 @@ class DataParallelUpdater:
     prefix = ""
     normalised: tuple[str, ...] = ()
     share_prompt = False  # whether the forward packs the samples of a prompt (counts its tokens once)
+    lm_head = False  # whether the loss scores tokens with the LM head (its logits' chunk counts in the budget)
 
-    def __init__(self, layout: Layout, cfg: UpdateConfig, device: torch.device, all_reduce: AllReduce) -> None:
+    def __init__(self, layout: Layout, cfg: UpdateConfig, device: torch.device, all_reduce: AllReduce,
+                 micro: MicroBatching | None = None) -> None:
+        """``micro``: the update's micro-batching; None: ``cfg``'s settings, or a token budget sized from the model
+        and the memory at hand now (:func:`mmrl.budget.update_batching`)."""
         self.layout, self.cfg, self.device, self.all_reduce = layout, cfg, device, all_reduce
+        self.micro = micro or update_batching(
+            cfg, ModelDims.of(layout.root.core, lm_head=self.lm_head),
+            memory_at_hand(device) - training_state_bytes(layout.trainable()))
         self.rows = 0  # rows of the batch being updated (the same on every rank)
         self.optimizer, self.scheduler = build_optimizer(
             layout.trainable(), cfg.lr, cfg.weight_decay, cfg.warmup_steps,
@@ -116,8 +124,8 @@ class DataParallelUpdater:
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}  # this rank's partial sums of each metric; summed over ranks below
         non_finite_losses = 0
-        for micro in micro_batches(mini, self.cfg.micro_batch_size, self.cfg.max_tokens_per_micro,
-                                   self.share_prompt, self.all_reduce, slots=self.rows):
+        for micro in micro_batches(mini, self.micro.rows, self.micro.tokens, self.share_prompt, self.all_reduce,
+                                   slots=self.rows):
             loss, parts = self.micro_loss(micro, denominator)
             loss.backward()
             non_finite_losses += not math.isfinite(float(loss.detach()))

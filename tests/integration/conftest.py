@@ -29,7 +29,7 @@ def greedy_one_at_a_time(checkpoint, prompts: Sequence[tuple[list[dict], list]],
         prompt = encode_prompt(processor, messages, images)
         with torch.no_grad():
             out = model.generate(**collate([prompt], tok.pad_token_id), do_sample=False, max_new_tokens=max_new_tokens,
-                                 suppress_tokens=vision_token_ids(tok), eos_token_id=tok.eos_token_id,
+                                 suppress_tokens=vision_token_ids(processor), eos_token_id=tok.eos_token_id,
                                  pad_token_id=tok.pad_token_id)
         tokens = out[0, len(prompt):].tolist()
         if tok.eos_token_id in tokens:

@@ -20,7 +20,7 @@ from mmrl.trainer.rl import run_rl
 LENGTH_REWARD = "def score(response):\n    return len(response) / 10\n"
 
 
-def configure(cfg, out_dir: Path, steps: int, **overrides):
+def configure(cfg, out_dir: Path, steps: int, save_every: int = 2, **overrides):
     """A short run into ``out_dir``; the untrained model never answers right, so a length reward gives the
     updates something to move the weights by."""
     cfg = copy.deepcopy(cfg)
@@ -28,7 +28,7 @@ def configure(cfg, out_dir: Path, steps: int, **overrides):
     plugin.write_text(LENGTH_REWARD)
     cfg.reward.function, cfg.reward.weights = f"{plugin}:score", {}
     cfg.trainer.out_dir = str(out_dir)
-    cfg.trainer.steps, cfg.trainer.save_every, cfg.trainer.eval_every = steps, 3, 100
+    cfg.trainer.steps, cfg.trainer.save_every, cfg.trainer.eval_every = steps, save_every, 100
     for key, value in overrides.items():
         section, name = key.split("__")
         setattr(getattr(cfg, section), name, value)
@@ -66,48 +66,51 @@ def adaptive_coefs(cfg, kl: list[float]) -> list[float]:
     return coefs
 
 
-def test_grpo_with_an_adaptive_kl_stopped_after_3_and_resumed_to_6_equals_6_straight(tiny_config, tmp_path):
-    cfg = configure(tiny_config, tmp_path / "straight", 6, **ADAPTIVE_KL)
+def test_grpo_with_an_adaptive_kl_stopped_after_2_and_resumed_to_4_equals_4_straight(tiny_config, tmp_path):
+    cfg = configure(tiny_config, tmp_path / "straight", 4, **ADAPTIVE_KL)
     straight = run_rl(cfg)
-    first = run_rl(configure(tiny_config, tmp_path / "resumed", 3, **ADAPTIVE_KL))
+    first = run_rl(configure(tiny_config, tmp_path / "resumed", 2, **ADAPTIVE_KL))
     stopped = weights(tmp_path / "resumed" / "checkpoint")
-    assert json.loads((tmp_path / "resumed" / "step_3" / "meta.json").read_text())["step"] == 3
-    second = run_rl(configure(tiny_config, tmp_path / "resumed", 6, **ADAPTIVE_KL))  # trainer.resume=auto
+    assert json.loads((tmp_path / "resumed" / "step_2" / "meta.json").read_text())["step"] == 2
+    second = run_rl(configure(tiny_config, tmp_path / "resumed", 4, **ADAPTIVE_KL))  # trainer.resume=auto
     assert_identical(weights(tmp_path / "straight" / "checkpoint"), weights(tmp_path / "resumed" / "checkpoint"))
     assert not all(torch.equal(v, stopped[k]) for k, v in weights(tmp_path / "resumed" / "checkpoint").items())
 
-    # The resumed run is the same MLflow run, its metrics continuing at step 4.
+    # The resumed run is the same MLflow run, its metrics continuing at step 3.
     assert second["mlflow_run_id"] == first["mlflow_run_id"] != straight["mlflow_run_id"]
     client = MlflowClient(tiny_config.tracking.uri)
     steps = [m.step for m in client.get_metric_history(second["mlflow_run_id"], "actor/pg_loss")]
-    assert sorted(steps) == [1, 2, 3, 4, 5, 6]
+    assert sorted(steps) == [1, 2, 3, 4]
     folder = tmp_path / "resumed"
-    assert (folder / "latest").read_text() == "step_6"
-    assert sorted(p.name for p in folder.iterdir() if p.name.startswith("step_")) == ["step_3", "step_6"]
+    assert (folder / "latest").read_text() == "step_4"
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith("step_")) == ["step_2", "step_4"]
 
-    # The coefficient follows the controller's rule from the logged KL, and step 4 of the resumed run starts from
-    # the one saved at step 3, not from kl_coef.
+    # The coefficient follows the controller's rule from the logged KL, and step 3 of the resumed run starts from
+    # the one saved at step 2, not from kl_coef.
     def history(run: dict, key: str) -> list[float]:
         points = sorted((m.step, m.value) for m in client.get_metric_history(run["mlflow_run_id"], key))
-        assert [step for step, _ in points] == [1, 2, 3, 4, 5, 6]
+        assert [step for step, _ in points] == [1, 2, 3, 4]
         return [value for _, value in points]
 
     coefs, kl = history(straight, "actor/reward_kl_coef"), history(straight, "actor/reward_kl")
     assert coefs == pytest.approx(adaptive_coefs(cfg, kl), rel=1e-9)
     assert history(second, "actor/reward_kl_coef") == coefs and history(second, "actor/reward_kl") == kl
-    assert load_driver_state(folder / "step_3").kl_coef == pytest.approx(coefs[3], rel=1e-9)
-    assert coefs[3] != pytest.approx(cfg.algorithm.kl_coef, rel=1e-3)
+    assert load_driver_state(folder / "step_2").kl_coef == pytest.approx(coefs[2], rel=1e-9)
+    assert coefs[2] != pytest.approx(cfg.algorithm.kl_coef, rel=1e-3)
 
 
 def test_ppo_with_a_critic_on_two_fsdp_workers_resumes_bit_for_bit(tiny_config, tmp_path):
-    base = configure(tiny_config, tmp_path / "base", 6, algorithm__name="ppo", resources__num_workers=2)
+    """A 4-step run saves at step 2; a run resumed from that checkpoint (in another folder) ends with the same
+    actor and critic weights."""
+    base = configure(tiny_config, tmp_path / "base", 4, algorithm__name="ppo", resources__num_workers=2)
     for cfg in (base.actor, base.critic):
         cfg.vision.strategy, cfg.llm.strategy = "fsdp", "fsdp"
-    run_rl(configure(base, tmp_path / "straight", 6))
+    run_rl(configure(base, tmp_path / "straight", 4))
     warm = idle_pids()  # the 4 processes (2 ranks x actor, critic) stay for the next run (resources.reuse_workers)
-    run_rl(configure(base, tmp_path / "resumed", 3))
+    resumed = configure(base, tmp_path / "resumed", 4, trainer__resume=str(tmp_path / "straight" / "step_2"))
+    run_rl(resumed)
     assert len(warm) == 4 and idle_pids() == warm  # the next run ran in them, and gave them back
-    run_rl(configure(base, tmp_path / "resumed", 6))
+    assert (tmp_path / "resumed" / "step_4" / "meta.json").is_file() and not (tmp_path / "resumed" / "step_2").exists()
     assert_identical(weights(tmp_path / "straight" / "checkpoint"), weights(tmp_path / "resumed" / "checkpoint"))
     critic = "value_model.safetensors"
     assert_identical(weights(tmp_path / "straight" / "critic", critic), weights(tmp_path / "resumed" / "critic", critic))
@@ -117,7 +120,6 @@ def test_a_checkpoint_loads_into_another_world_size_and_layout(tiny_config, tmp_
     """Saved by 2 FSDP ranks, loaded by 1 replicated rank: the same weights, and training goes on."""
     sharded = configure(tiny_config, tmp_path / "two", 2, resources__num_workers=2)
     sharded.actor.vision.strategy, sharded.actor.llm.strategy = "fsdp", "fsdp"
-    sharded.trainer.save_every = 2
     run_rl(sharded)
     single = configure(tiny_config, tmp_path / "one", 2, trainer__resume=str(tmp_path / "two" / "step_2"))
     run_rl(single)  # nothing left to train: the export holds the loaded weights

@@ -38,16 +38,16 @@ def same_weights(a: Path, b: Path) -> bool:
 
 
 def test_sigkill_of_a_worker_mid_run_is_recovered_exactly(tiny_config, tmp_path, run_with_a_kill):
-    cfg = short_run(tiny_config, tmp_path / "killed", 15)
+    cfg = short_run(tiny_config, tmp_path / "killed", 9)
     kill = run_with_a_kill(cfg, after_step=3, rank=0)
-    assert kill.trainer.restarts == 1 and kill.trainer.step_no == 15
+    assert kill.trainer.restarts == 1 and kill.trainer.step_no == 9
     step, logged_at = restart_step(kill.run_id, cfg.tracking.uri)
     print(f"kill test: pid {kill.pid} killed; restart logged {logged_at - kill.killed_at:.1f} s later, "
           f"resuming at step {step}")
     resumed_from = tmp_path / "killed" / f"step_{step - 1}"
-    assert step - 1 in (3, 6, 9, 12) and resumed_from.is_dir()
+    assert step - 1 in (3, 6) and resumed_from.is_dir()
 
-    clean = short_run(tiny_config, tmp_path / "clean", 15)
+    clean = short_run(tiny_config, tmp_path / "clean", 9)
     clean.trainer.resume = str(resumed_from)
     run_rl(clean)
     assert same_weights(tmp_path / "killed" / "checkpoint", tmp_path / "clean" / "checkpoint")
@@ -56,17 +56,17 @@ def test_sigkill_of_a_worker_mid_run_is_recovered_exactly(tiny_config, tmp_path,
 def test_a_worker_that_hangs_past_the_step_timeout_is_treated_as_dead(tiny_config, tmp_path, run_with_a_kill):
     """SIGSTOP freezes a rank (as a stuck process would be): its call passes trainer.step_timeout_s, the
     driver gives up on it, rebuilds the workers and finishes the run."""
-    cfg = short_run(tiny_config, tmp_path / "hung", 8)
+    cfg = short_run(tiny_config, tmp_path / "hung", 5)
     cfg.trainer.step_timeout_s = 8.0
     hang = run_with_a_kill(cfg, after_step=3, rank=0, sig=signal.SIGSTOP)
-    assert hang.trainer.restarts == 1 and hang.trainer.step_no == 8
+    assert hang.trainer.restarts == 1 and hang.trainer.step_no == 5
     step, logged_at = restart_step(hang.run_id, cfg.tracking.uri)
     assert 8.0 <= logged_at - hang.killed_at < 120
     assert (tmp_path / "hung" / "checkpoint" / "model.safetensors").is_file()
 
 
 def test_max_restarts_bounds_the_retries(tiny_config, tmp_path, run_with_a_kill):
-    cfg = short_run(tiny_config, tmp_path / "fragile", 8)
+    cfg = short_run(tiny_config, tmp_path / "fragile", 5)
     cfg.trainer.max_restarts = 0
     with pytest.raises(RuntimeError, match=r"a worker failed again after 0 restarts \(trainer.max_restarts=0\)"):
         run_with_a_kill(cfg, after_step=3, rank=0)

@@ -24,6 +24,8 @@ def test_two_grpo_steps_log_to_mlflow(tiny_config):
     run = client.get_run(result["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.params["rollout.n"] == "4" and run.data.params["algorithm.name"] == "grpo"
+    for name in ("actor.update", "actor.log_probs", "rollout.generate"):  # nothing set: sized by the workers
+        assert run.data.params[f"micro_batching.{name}"].endswith("tokens (auto)"), name
     for key in ["actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm",
                 "actor/kl_loss", "critic/score/mean", "response_length/mean", "timing_s/gen", "timing_s/ref",
                 "timing_s/old_log_prob",  # 2 mini-batches: the second is off-policy, so old log-probs are recomputed
@@ -111,6 +113,7 @@ def test_ppo_with_a_sharded_critic_runs_end_to_end(tiny_config, tmp_path, placem
     client = MlflowClient(cfg.tracking.uri)
     run = client.get_run(result["mlflow_run_id"])
     assert run.info.status == "FINISHED"
+    assert run.data.params["micro_batching.critic.update"].endswith("tokens (auto)")
     for key in ["critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm",
                 "critic/values/mean", "critic/returns/mean", "critic/vf_explained_var", "timing_s/values",
                 "timing_s/update_critic", "actor/pg_loss", "val/acc", "perf/max_memory_gb/actor",

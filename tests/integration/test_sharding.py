@@ -277,3 +277,62 @@ def test_sharded_reference_is_the_initial_policy_and_stays_put(groups, base_cfg,
     moved = group.compute_log_probs(mixed_batch)["old_log_probs"]
     assert float((moved - ref_logp).abs().max()) > 1e-4
     assert torch.equal(group.compute_ref_log_probs(mixed_batch)["ref_log_probs"], ref_logp)
+
+
+# ---- LoRA ------------------------------------------------------------------------------------------
+
+
+def test_lora_on_two_fsdp_ranks_matches_one_rank_syncs_merged_weights_and_resumes(groups, base_cfg, tiny_model_dir,
+                                                                                  mixed_batch, reference, tmp_path):
+    """LoRA adapters inside FSDP2 units (frozen base and trained adapters in one decoder layer or vision block):
+    two ranks compute the one-rank update; the reference (adapters off) is the base; the sharded engine's own
+    copy receives the merged weights (its log-probs are the trained policy's); the adapters and their optimizer
+    state resume exactly, into another layout too."""
+    from mmrl.config import LoRAConfig
+    from mmrl.trainer.dataset import load_rows, rows_to_batch
+
+    lr = 1e-2  # a step that moves the policy's log-probs far beyond the engine/trainer tolerance below
+
+    def lora(vision: str, llm: str):
+        cfg = configure(base_cfg, vision, llm)
+        cfg.actor.lr = lr
+        cfg.actor.lora = LoRAConfig(rank=4, alpha=8.0, include_vision=True)
+        return cfg
+
+    results = []
+    for group, layout in ((groups[0], ("replicate", "replicate")), (groups[1], ("fsdp", "fsdp"))):
+        group.init_model(lora(*layout), str(tiny_model_dir), True)
+        ref = group.compute_ref_log_probs(mixed_batch)["ref_log_probs"]
+        batch = mixed_batch.union(group.compute_log_probs(mixed_batch))
+        results.append((ref, batch["old_log_probs"], group.update_actor(batch), group.full_state_dict()))
+    (ref1, old1, metrics1, states1), (ref2, old2, metrics2, states2) = results
+    for logp in (ref1, old1, ref2, old2):  # lora_B starts at zero: the policy starts as the base
+        assert torch.allclose(logp, reference[0], atol=1e-5, rtol=0)
+    assert metrics2[0] == metrics2[1]
+    assert metrics2[0]["actor/grad_norm"] == pytest.approx(metrics1[0]["actor/grad_norm"], rel=1e-5)
+    assert states1[0].keys() == states2[0].keys() == reference[2][0].keys()  # merged: the base's names
+    for name, tensor in states1[0].items():
+        for state in states2:
+            assert float((state[name] - tensor).abs().max()) <= 1e-2 * lr, name
+    group = groups[1]
+    after = group.compute_ref_log_probs(mixed_batch)["ref_log_probs"]
+    assert torch.allclose(after, reference[0], atol=1e-5, rtol=0)  # the base did not move
+
+    prompts = rows_to_batch(load_rows(base_cfg.data.dir, "train", limit=3))
+    group.forget_prompts()  # a new step, as the driver begins one: earlier tests generated on this shared group
+    samples = group.generate(prompts, SamplingParams(n=2, max_new_tokens=6))
+    full = sum(t.numel() for t in states2[0].values())
+    assert all(r["rollout_params_held"] == full for r in group.layout_report())  # the merged model, no adapters
+    scored = prompts.repeat(2).union(samples)
+    trained = group.compute_log_probs(scored)["old_log_probs"]
+    untrained = group.compute_ref_log_probs(scored)["ref_log_probs"]
+    mask = scored["response_mask"]
+    engine_gap = float(((trained - scored["rollout_log_probs"]).abs() * mask).max())
+    assert engine_gap < 1e-4 < float(((trained - untrained).abs() * mask).max())
+
+    group.save_state(str(tmp_path / "lora"))
+    for other, layout in ((group, ("fsdp", "fsdp")), (groups[0], ("replicate", "replicate"))):
+        other.init_model(lora(*layout), str(tiny_model_dir), False)
+        other.load_state(str(tmp_path / "lora"))
+        for state in other.full_state_dict():
+            assert all(torch.equal(state[n], t) for n, t in states2[0].items())

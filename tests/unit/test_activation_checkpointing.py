@@ -43,7 +43,7 @@ def setup(tiny_model_dir):
     batch = Batch(tensors={"responses": responses, "response_mask": mask,
                            "advantages": torch.randn(6, 1, generator=gen) * mask},
                   objects={"prompt": [p for p in prompts for _ in range(2)]})
-    spec = LogProbSpec(processor.tokenizer.pad_token_id, vision_token_ids(processor.tokenizer), 1.0, 64)
+    spec = LogProbSpec(processor.tokenizer.pad_token_id, vision_token_ids(processor), 1.0, 64)
     return model, batch, spec
 
 

@@ -47,7 +47,7 @@ def rollout_batch(tiny_model_dir):
         tensors={"responses": out.responses, "response_mask": out.response_mask},
         objects={"prompt": [p for p in prompts for _ in range(3)]},
     )
-    spec = LogProbSpec(processor.tokenizer.pad_token_id, vision_token_ids(processor.tokenizer), 1.0, 64)
+    spec = LogProbSpec(processor.tokenizer.pad_token_id, vision_token_ids(processor), 1.0, 64)
     old, _ = batched_logprobs(PolicyForward(model), batch, spec, CPU, with_entropy=False)
     batch.tensors["old_log_probs"] = old
     batch.tensors["advantages"] = torch.randn(len(batch), 1) * out.response_mask

@@ -112,7 +112,7 @@ def test_validation_reads_the_algorithm_declarations():
     ("trainer.val_size=0", "trainer.val_size=0 must be >= 1"),
     ("trainer.steps=0", "trainer.steps=0 must be >= 1"),
     ("critic.ppo_epochs=0", "critic.ppo_epochs=0 must be >= 1"),
-    ("critic.micro_batch_size=0", "critic.micro_batch_size=0 must be >= 1"),
+    ("critic.micro_batch_size=-1", "critic.micro_batch_size=-1 must be >= 0"),
     ("critic.num_mini_batches=0", "critic.num_mini_batches=0 must be >= 1"),
     ("critic.cliprange_value=0", "critic.cliprange_value=0.0 must be > 0"),
     ("algorithm.gamma=1.1", "algorithm.gamma=1.1 must be <= 1"),

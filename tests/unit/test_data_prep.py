@@ -369,14 +369,16 @@ def test_convert_jsonl_rejects_bad_budget_before_reading(tmp_path: Path) -> None
     assert not (tmp_path / "out").exists()
 
 
-def test_the_patch_factor_comes_from_the_processor():
+def test_the_patch_factor_comes_from_the_processor(tiny_model_dir):
     """A checkpoint with 16-pixel patches and 2x2 merging needs sides that are multiples of 32, not 28."""
     from transformers import Qwen2VLImageProcessor
 
-    from mmrl.models.loading import patch_factor
+    from mmrl.models.loading import load_processor, patch_factor
 
-    assert patch_factor(Qwen2VLImageProcessor(patch_size=16, merge_size=2)) == 32
-    assert patch_factor(Qwen2VLImageProcessor()) == 28
+    processor = load_processor(tiny_model_dir)
+    assert patch_factor(processor) == 28
+    processor.image_processor = Qwen2VLImageProcessor(patch_size=16, merge_size=2)
+    assert patch_factor(processor) == 32
 
 
 HOSTILE = [

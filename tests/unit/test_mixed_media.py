@@ -59,7 +59,7 @@ def test_rollout_and_training_see_the_same_ids_positions_and_log_probs(model_and
     out = HFRolloutEngine(model, processor, CPU).generate(prompts, SamplingParams(n=2, max_new_tokens=6))
     samples = [p for p in prompts for _ in range(2)]
     logp, _ = response_logprobs(PolicyForward(model), samples, out.responses, out.response_mask,
-                                pad_token_id=tok.pad_token_id, banned_ids=vision_token_ids(tok), temperature=1.0,
+                                pad_token_id=tok.pad_token_id, banned_ids=vision_token_ids(processor), temperature=1.0,
                                 device=CPU)
     assert float(((logp.detach() - out.log_probs).abs() * out.response_mask).max()) < 1e-4
 

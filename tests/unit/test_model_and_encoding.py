@@ -10,7 +10,7 @@ from mmrl.models.forward import PolicyForward
 from mmrl.models.logprobs import policy_log_softmax, response_logprobs
 from mmrl.models.scoring import Scoring, score_tokens
 from mmrl.config import TinyModelConfig
-from mmrl.models.tiny import SPECIAL_TOKENS
+from mmrl.models.families.qwen2_vl import SPECIAL_TOKENS, mrope_section
 from mmrl.rollout.base import SamplingParams
 from mmrl.rollout.hf import HFRolloutEngine
 
@@ -32,7 +32,7 @@ def test_special_tokens_match_config(model_and_processor):
     assert all(tok.convert_tokens_to_ids(t) != tok.unk_token_id for t in SPECIAL_TOKENS)
     assert model.config.image_token_id == tok.convert_tokens_to_ids("<|image_pad|>")
     assert model.config.text_config.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
-    assert sum(TinyModelConfig(hidden_size=64, num_heads=4).mrope_section) == 64 // 4 // 2
+    assert sum(mrope_section(TinyModelConfig(hidden_size=64, num_heads=4))) == 64 // 4 // 2
 
 
 def test_encode_prompt_counts_image_tokens(model_and_processor):
@@ -93,7 +93,7 @@ def test_training_forward_logprobs_equal_rollout_logprobs(model_and_processor):
     engine = HFRolloutEngine(model, processor, CPU)
     out = engine.generate(prompts, SamplingParams(n=3, temperature=0.9, max_new_tokens=8))
     assert out.responses.shape == (9, 8)
-    banned = set(vision_token_ids(processor.tokenizer))
+    banned = set(vision_token_ids(processor))
     assert not any(int(t) in banned for t in out.responses[out.response_mask.bool()])
     expanded = [p for p in prompts for _ in range(3)]
     logp, _ = response_logprobs(PolicyForward(model), expanded, out.responses, out.response_mask, pad_token_id=engine.pad_id,

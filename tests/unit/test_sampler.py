@@ -36,7 +36,7 @@ def setup(tiny_model_dir):
 def run(model, processor, prompts, n, greedy, tokens=8, **kw):
     tok = processor.tokenizer
     args = {"max_new_tokens": tokens, "temperature": 0.8, "top_p": 1.0, "top_k": 0, "greedy": greedy,
-            "banned_ids": vision_token_ids(tok), "eos_id": tok.eos_token_id, "pad_id": tok.pad_token_id,
+            "banned_ids": vision_token_ids(processor), "eos_id": tok.eos_token_id, "pad_id": tok.pad_token_id,
             "device": CPU} | kw
     return sample_shared_prefill(model, prompts, n, **args)
 
@@ -47,7 +47,7 @@ def test_greedy_tokens_equal_transformers_generate(setup):
     tok = processor.tokenizer
     tokens, _ = run(model, processor, prompts, 2, greedy=True)
     inputs = collate(prompts, tok.pad_token_id)
-    out = model.generate(**inputs, max_new_tokens=tokens.shape[1], do_sample=False, suppress_tokens=vision_token_ids(tok),
+    out = model.generate(**inputs, max_new_tokens=tokens.shape[1], do_sample=False, suppress_tokens=vision_token_ids(processor),
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     expected = out[:, inputs["input_ids"].shape[1]:]
     assert torch.equal(tokens[0::2], expected) and torch.equal(tokens[1::2], expected)
@@ -65,7 +65,7 @@ def test_sampled_log_probs_equal_the_training_forward(setup):
     mask = ((torch.cumsum(is_eos.long(), 1) - is_eos.long()) == 0).float()
     for share in (False, True):
         expected, _ = response_logprobs(PolicyForward(model), rows, tokens, mask, pad_token_id=tok.pad_token_id,
-                                        banned_ids=vision_token_ids(tok), temperature=0.8, device=CPU,
+                                        banned_ids=vision_token_ids(processor), temperature=0.8, device=CPU,
                                         share_prompt=share)
         torch.testing.assert_close(logp * mask, expected.detach(), atol=1e-5, rtol=1e-5)
     assert (logp[mask == 0] == 0).all()

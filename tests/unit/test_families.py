@@ -1,0 +1,230 @@
+"""The four model families on tiny random models (built once per session by ``make model``'s stage):
+the family comes from the checkpoint; the one encoding path gives rollout (the hf engine) and training the
+same ids, positions and log-probs on text, one-image, two-image and video prompts, and both equal a plain
+reference (the model's own forward on the processor's own output, one sample at a time, no cache); the
+vision pass reaches every weight of the tower; the layouts, freezing and banned tokens use the family's
+modules and tokens."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from transformers import AutoConfig
+
+from mmrl.config import ModelConfig, load_config
+from mmrl.models.encoding import collate, encode_prompt, to_chat_content, vision_token_ids
+from mmrl.models.families import FAMILIES, family_named, family_of, family_of_processor
+from mmrl.models.forward import PolicyForward, core_model, encode_media
+from mmrl.models.loading import load_model, load_processor
+from mmrl.models.logprobs import response_logprobs
+from mmrl.models.packing import pack
+from mmrl.rollout.base import SamplingParams
+from mmrl.rollout.hf import HFRolloutEngine
+from mmrl.schema import Video
+from mmrl.workers.model_builder import build_model
+from pipelines import model as model_stage
+
+CPU = torch.device("cpu")
+NAMES = list(FAMILIES)
+SIZES = ["tiny_model.hidden_size=64", "tiny_model.num_layers=2", "tiny_model.num_heads=2", "tiny_model.num_kv_heads=1",
+         "tiny_model.intermediate_size=128", "tiny_model.vision_hidden_size=32", "tiny_model.vision_heads=2"]
+
+
+@pytest.fixture(scope="session")
+def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One tiny checkpoint per family, each written by the ``make model`` stage."""
+    out = {}
+    for name in NAMES:
+        path = tmp_path_factory.mktemp(f"tiny-{name}")
+        model_stage.main(["--config", "", f"model.family={name}", f"model.path={path}", *SIZES])
+        out[name] = path
+    return out
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def loaded(request, family_dirs):
+    name = request.param
+    return name, load_model(family_dirs[name]).eval(), load_processor(family_dirs[name])
+
+
+def square(rgb, side=56) -> Image.Image:
+    return Image.new("RGB", (side, side), rgb)
+
+
+def prompt_specs(takes_video: bool) -> list[tuple[str, list, list]]:
+    red, blue = square((200, 20, 20)), square((20, 20, 200), 84)
+    specs = [("Name a colour.", [], []), ("<image>What colour?", [red], []),
+             ("<image><image>Which has more shapes?", [red, blue], [])]
+    if takes_video:
+        frames = [square(c) for c in [(200, 20, 20)] * 2 + [(20, 200, 20)] * 2]
+        specs.append(("<video>Which colour appears first?", [], [Video(frames=frames, timestamps=[0, 0.5, 1, 1.5])]))
+    return specs
+
+
+def encoded(processor, takes_video: bool):
+    return [encode_prompt(processor, [{"role": "user", "content": text}], images, videos, name=str(i))
+            for i, (text, images, videos) in enumerate(prompt_specs(takes_video))]
+
+
+def test_the_family_is_read_from_the_checkpoint(loaded, family_dirs):
+    name, model, processor = loaded
+    family = family_named(name)
+    assert family_of(AutoConfig.from_pretrained(family_dirs[name])) is family
+    assert family_of(core_model(model).config) is family_of_processor(processor) is family
+    assert model.config.model_type == family.model_type
+    with pytest.raises(ValueError, match="not a supported model family; supported: qwen2_vl"):
+        family_of(AutoConfig.for_model("llama"))
+
+
+def test_model_family_takes_exactly_the_registered_names():
+    """config.py imports nothing from the library, so its list of families is checked against the table."""
+    assert typing.get_args(typing.get_type_hints(ModelConfig)["family"]) == tuple(FAMILIES)
+    with pytest.raises(ValueError, match="model.family"):
+        load_config(None, ["model.family=llava"])
+
+
+def reference_logprobs(model, processor, specs, prompts, responses, mask) -> torch.Tensor:
+    """Each sample alone through the model's own forward on the processor's own output (its own vision call
+    and positions), the response appended: log-probs (B, R) at temperature 1 with the vision tokens banned."""
+    banned = vision_token_ids(processor)
+    out = torch.zeros(responses.shape)
+    for row in range(len(responses)):
+        text, images, videos = specs[row // 2]
+        chat = family_of_processor(processor).chat_text(processor, to_chat_content([{"role": "user", "content": text}]))
+        media = {"images": [images]} if images else {}
+        if videos:
+            from mmrl.models.encoding import frames_array, video_metadata
+
+            media = {"videos": [[frames_array(v) for v in videos]] if family_of_processor(processor).name == "smolvlm"
+                     else [frames_array(v) for v in videos], "video_metadata": [video_metadata(v) for v in videos],
+                     "do_sample_frames": False}
+        native = processor(text=[chat], return_tensors="pt", return_mm_token_type_ids=True, **media)
+        length = int(mask[row].sum())
+        ids = native["input_ids"][0]
+        assert ids.tolist() == prompts[row // 2].input_ids.tolist()  # the one encoding path's ids are the processor's
+        tokens = responses[row, :length]
+        native["input_ids"] = torch.cat([ids, tokens])[None]
+        native["attention_mask"] = torch.ones_like(native["input_ids"])
+        native["mm_token_type_ids"] = F.pad(native["mm_token_type_ids"], (0, length))
+        native.pop("pixel_attention_mask", None)
+        with torch.no_grad():
+            logits = model(**native).logits[0, len(ids) - 1 : len(ids) + length - 1].float()
+        logits[:, banned] = float("-inf")
+        out[row, :length] = logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
+    return out
+
+
+def test_rollout_and_training_see_the_same_ids_positions_and_log_probs(loaded):
+    name, model, processor = loaded
+    family = family_named(name)
+    tok = processor.tokenizer
+    prompts = encoded(processor, family.takes_video)
+    torch.manual_seed(0)
+    out = HFRolloutEngine(model, processor, CPU).generate(prompts, SamplingParams(n=2, max_new_tokens=6))
+    rows = [p for p in prompts for _ in range(2)]
+    mask = out.response_mask
+    policy = PolicyForward(model)
+    # Positions: the sampler's (prefill + one step per token), the unpacked training row's and the packed row's.
+    core = core_model(model)
+    prefill = family.positions(core, collate(rows, tok.pad_token_id))
+    train_batch = collate(rows, tok.pad_token_id, out.responses, mask)
+    trained = family.positions(core, train_batch)
+    packed = pack(core, rows, out.responses, mask, tok.pad_token_id)
+    packed_pos = packed["position_ids"] if family.position_axes > 1 else packed["position_ids"][None]
+    width = prefill.shape[-1]
+    for row, prompt in enumerate(rows):
+        real = int(mask[row].sum())
+        sampled = torch.cat([prefill[:, row, width - len(prompt):],
+                             prefill[:, row].amax(-1, keepdim=True) + 1 + torch.arange(real)], dim=1)
+        assert torch.equal(trained[:, row, width - len(prompt): width + real], sampled)
+        group, slot = divmod(row, 2)
+        start = packed["input_ids"].shape[1] - len(prompt) - 2 * out.responses.shape[1]
+        first = start + len(prompt) + slot * out.responses.shape[1]
+        assert torch.equal(torch.cat([packed_pos[:, group, start: start + len(prompt)],
+                                      packed_pos[:, group, first: first + real]], dim=1), sampled)
+    expected = reference_logprobs(model, processor, prompt_specs(family.takes_video), prompts, out.responses, mask)
+    torch.testing.assert_close(out.log_probs * mask, expected * mask, atol=1e-4, rtol=0)
+    for share in (False, True):
+        logp, _ = response_logprobs(policy, rows, out.responses, mask, pad_token_id=tok.pad_token_id,
+                                    banned_ids=vision_token_ids(processor), temperature=1.0, device=CPU,
+                                    share_prompt=share)
+        torch.testing.assert_close(logp.detach(), out.log_probs * mask, atol=1e-4, rtol=0)
+
+
+def test_the_vision_pass_reaches_every_tower_weight(loaded):
+    """With media, and on a text-only micro-batch with the dummy pass (what a sharded tower needs)."""
+    name, model, processor = loaded
+    family = family_named(name)
+    core = core_model(model)
+    tower = family.vision(core)
+    prompts = encoded(processor, False)
+    pad = processor.tokenizer.pad_token_id
+    for rows, always in ((prompts[1:], False), (prompts[:1], True)):
+        model.zero_grad()
+        media, anchor = encode_media(core, collate(rows, pad), always)
+        assert (anchor is None) == bool(media)
+        responses = torch.full((len(rows), 2), pad)
+        logp, _ = response_logprobs(PolicyForward(model, always_run_vision=always), rows, responses,
+                                    torch.ones(len(rows), 2), pad_token_id=pad, banned_ids=[], temperature=1.0,
+                                    device=CPU)
+        logp.sum().backward()
+        if anchor is not None:
+            assert float(anchor) == 0.0
+        missing = [n for n, p in tower.named_parameters() if p.grad is None]
+        assert not missing, f"{name}: no gradient reached {missing[:3]}"
+    model.zero_grad()
+
+
+def test_the_layouts_and_freezing_use_the_familys_modules(loaded, family_dirs):
+    name, model, processor = loaded
+    family = family_named(name)
+    core = core_model(model)
+    tower_params = {id(p) for p in family.vision(core).parameters()}
+    assert len(family.decoder_layers(core)) == 2 and len(family.vision_blocks(core)) >= 1
+    assert all(id(p) in tower_params for block in family.vision_blocks(core) for p in block.parameters())
+    assert not tower_params & {id(p) for layer in family.decoder_layers(core) for p in layer.parameters()}
+    assert family.text_hidden_size(core) == 64
+    cfg = load_config(None, [f"model.path={family_dirs[name]}", "actor.vision.freeze=true"])
+    actor = build_model(cfg, "actor", str(family_dirs[name]), device=CPU, distributed=False)
+    frozen = {id(p) for p in family.vision(actor.root.core).parameters()}
+    assert frozen and all(not p.requires_grad for p in family.vision(actor.root.core).parameters())
+    assert {id(p) for p in actor.trainable()} == {id(p) for p in actor.root.parameters()} - frozen
+
+
+def test_the_vision_tokens_are_banned(loaded):
+    name, model, processor = loaded
+    banned = vision_token_ids(processor)
+    assert model.config.image_token_id in banned
+    assert processor.tokenizer.eos_token_id not in banned and processor.tokenizer.pad_token_id not in banned
+    specials = set(processor.tokenizer.all_special_ids)
+    assert set(banned) <= specials
+
+
+def test_a_smolvlm_prompt_with_an_image_and_a_video_is_refused(family_dirs):
+    processor = load_processor(family_dirs["smolvlm"])
+    video = Video(frames=[square((0, 0, 0))] * 2, timestamps=[0, 0.5])
+    with pytest.raises(ValueError, match="images or one video, not both"):
+        encode_prompt(processor, [{"role": "user", "content": "<image><video>Same?"}], [square((0, 0, 0))], [video])
+
+
+def test_vllm_is_not_given_a_video_its_smolvlm_cannot_take(family_dirs):
+    """vLLM's SmolVLM (Idefics3) implementation takes images only: a video prompt is refused by name, before
+    any engine runs; an image prompt goes with its source images."""
+    processor = load_processor(family_dirs["smolvlm"])
+    family = family_of_processor(processor)
+    frames = [square((200, 20, 20))] * 2
+    video = encode_prompt(processor, [{"role": "user", "content": "<video>Colour?"}], [],
+                          [Video(frames=frames, timestamps=[0, 0.5])], name="clip")
+    with pytest.raises(ValueError, match="prompt clip: vLLM's smolvlm takes no video input"):
+        family.engine_media(video)
+    image = encode_prompt(processor, [{"role": "user", "content": "<image>Colour?"}], frames[:1])
+    assert family.engine_media(image) == {"image": frames[:1]}
+    assert image.template_ids == processor.tokenizer(processor.apply_chat_template(
+        to_chat_content([{"role": "user", "content": "<image>Colour?"}]), add_generation_prompt=True,
+        tokenize=False))["input_ids"]
+    assert image.template_ids.count(processor.image_token_id) == 1 < int((image.input_ids == processor.image_token_id).sum())
