@@ -63,6 +63,7 @@ def tiny_config(tiny_model_dir: Path, tiny_data_dir: Path, tmp_path: Path) -> Co
             "rollout.n=4",
             "rollout.max_new_tokens=6",
             "actor.num_mini_batches=2",
+            "resources.reuse_workers=true",  # the suite's ~50 runs start their ranks in warm processes
         ],
     )
 
@@ -87,8 +88,6 @@ def run_with_a_kill():
     import threading
     import time
 
-    import ray
-
     from mmrl.tracking import Tracker
     from mmrl.trainer.rl import RLTrainer
     from pipelines.probes import ProbedActor
@@ -106,10 +105,9 @@ def run_with_a_kill():
             deadline = time.monotonic() + 300
             while not marker.is_file() and time.monotonic() < deadline:
                 time.sleep(0.01)
-            actors = trainer.workers.workers
-            nodes = ray.get([a.node_id.remote() for a in actors], timeout=60)
+            nodes, pids = trainer.workers.node_id(), trainer.workers.pid()
             target = nodes.index(node) if node is not None else rank
-            pid = ray.get(actors[target].pid.remote(), timeout=60)
+            pid = pids[target]
             os.kill(pid, sig)
             killed.append((pid, target, nodes[target], time.time()))
 

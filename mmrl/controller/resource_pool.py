@@ -5,8 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import ray
+from ray.actor import ActorHandle
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from mmrl.controller import reuse
+from mmrl.controller.host import WorkerHost
+from mmrl.controller.reuse import HostSpec, IdlePool, PoolShape
+
+RemoteHost = ray.remote(WorkerHost)
+# Shares of one bundle add up to 1 (e.g. three colocated groups take 1/3 each): a float sum may exceed it by this.
+SHARE_SLACK = 1e-9
 
 
 @dataclass
@@ -14,40 +23,96 @@ class ResourcePool:
     """``world_size`` bundles of ``cpus_per_worker`` CPUs (and one GPU each when ``use_gpu``).
 
     Worker groups placed on the pool :meth:`acquire` it and :meth:`release` it when they shut down; the
-    placement group is removed when the last one releases it.
+    placement group is removed when the last one releases it, unless ``reuse``: then it is kept with the
+    hosts the groups gave back, for the next pool of the same shape (:mod:`mmrl.controller.reuse`).
     """
 
     world_size: int
     cpus_per_worker: float = 1.0
     use_gpu: bool = False
     name: str = "pool"
+    reuse: bool = False
+    """Keep the healthy processes of the groups that shut down, idle, for later groups of the same shape
+    (``resources.reuse_workers``); also take such processes from earlier pools."""
     _pg: PlacementGroup | None = field(default=None, init=False, repr=False)
     _users: int = field(default=0, init=False, repr=False)
+    _idle: list[tuple[HostSpec, ActorHandle]] = field(default_factory=list, init=False, repr=False)
+    _taken: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    """bundle -> the share of it that live and idle hosts hold."""
 
-    def placement_group(self) -> PlacementGroup:
+    @property
+    def shape(self) -> PoolShape:
+        return (self.world_size, float(self.cpus_per_worker), self.use_gpu)
+
+    def placement_group(self, want: HostSpec | None = None) -> PlacementGroup:
+        """This pool's placement group: an idle one of the same shape (with ``reuse``; preferring one that
+        holds a host of spec ``want``), else a new one, for which every idle pool is removed first."""
         if self._pg is None:
-            bundle = {"CPU": self.cpus_per_worker, **({"GPU": 1.0} if self.use_gpu else {})}
-            self._pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK")
-            ready, _ = ray.wait([self._pg.ready()], timeout=120)
-            if not ready:
-                raise RuntimeError(
-                    f"resource pool {self.name!r}: Ray could not place {self.world_size} workers of {bundle} "
-                    f"within 120 s (cluster resources: {ray.cluster_resources()}); lower resources.num_workers"
-                )
+            idle = reuse.take(self.shape, want) if self.reuse else None
+            if idle is not None:
+                self._pg, self._idle = idle.pg, idle.hosts
+                for spec, _ in idle.hosts:
+                    self._taken[spec.bundle] = self._taken.get(spec.bundle, 0.0) + spec.share
+            else:
+                reuse.release_idle_workers()
+                self._pg = self._new_placement_group()
         return self._pg
+
+    def _new_placement_group(self) -> PlacementGroup:
+        bundle = {"CPU": self.cpus_per_worker, **({"GPU": 1.0} if self.use_gpu else {})}
+        pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK")
+        ready, _ = ray.wait([pg.ready()], timeout=120)
+        if not ready:
+            raise RuntimeError(
+                f"resource pool {self.name!r}: Ray could not place {self.world_size} workers of {bundle} "
+                f"within 120 s (cluster resources: {ray.cluster_resources()}); lower resources.num_workers"
+            )
+        return pg
 
     def scheduling(self, rank: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(
             placement_group=self.placement_group(), placement_group_bundle_index=rank
         )
 
+    def host(self, spec: HostSpec) -> ActorHandle:
+        """A host process for a rank of spec ``spec`` on bundle ``spec.bundle``: an idle one of that spec,
+        else a new one (idle hosts of other specs on that bundle are killed when it has no room left)."""
+        self.placement_group(spec)
+        match = next((i for i, (s, _) in enumerate(self._idle) if s == spec), None)
+        if match is not None:
+            return self._idle.pop(match)[1]
+        in_the_way = [i for i, (s, _) in enumerate(self._idle) if s.bundle == spec.bundle]
+        while in_the_way and self._taken.get(spec.bundle, 0.0) + spec.share > 1.0 + SHARE_SLACK:
+            self.give_back(*self._idle.pop(in_the_way.pop()), keep=False)
+        self._taken[spec.bundle] = self._taken.get(spec.bundle, 0.0) + spec.share
+        return RemoteHost.options(
+            num_cpus=self.cpus_per_worker * spec.share,
+            num_gpus=spec.share if self.use_gpu else 0,
+            scheduling_strategy=self.scheduling(spec.bundle),
+        ).remote()
+
+    def give_back(self, spec: HostSpec, host: ActorHandle, keep: bool) -> None:
+        """A group is done with ``host``: idle on this pool when ``keep`` (and ``reuse``), else killed."""
+        if keep and self.reuse:
+            self._idle.append((spec, host))
+            return
+        ray.kill(host)
+        self._taken[spec.bundle] -= spec.share
+
     def acquire(self) -> None:
         """A worker group now runs on this pool."""
         self._users += 1
 
     def release(self) -> None:
-        """A worker group is done with this pool; the last one to leave removes the placement group."""
+        """A worker group is done with this pool; the last one to leave removes the placement group (or,
+        with ``reuse`` and idle hosts left, hands both to :mod:`mmrl.controller.reuse`)."""
         self._users = max(self._users - 1, 0)
-        if self._users == 0 and self._pg is not None:
+        if self._users > 0 or self._pg is None:
+            return
+        if self.reuse and self._idle:
+            reuse.put(self.shape, IdlePool(self._pg, self.cpus_per_worker * self.world_size, self._idle))
+        else:
+            for spec, host in self._idle:
+                ray.kill(host)
             remove_placement_group(self._pg)
-            self._pg = None
+        self._pg, self._idle, self._taken = None, [], {}

@@ -7,6 +7,7 @@ import os
 import ray
 
 from mmrl.config import ResourcesConfig
+from mmrl.controller.reuse import idle_cpus
 
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore::DeprecationWarning"}
 
@@ -32,7 +33,10 @@ def worker_shape(cfg: ResourcesConfig, use_gpu: bool, pools: int = 1) -> tuple[f
 
     On CPU the available CPUs are split evenly over all bundles; colocated groups then share a bundle.
     """
-    cpus = float(ray.available_resources().get("CPU", os.cpu_count() or 1))
+    # Idle reused workers' CPUs count as free: a pool of another shape removes them (mmrl.controller.reuse).
+    # Ray lists no "CPU" while none is free: all held by idle pools, or just after a placement group's removal.
+    free = ray.available_resources().get("CPU")
+    cpus = float(free) + idle_cpus() if free is not None else idle_cpus() or float(os.cpu_count() or 1)
     per_worker = max(cpus / (cfg.num_workers * pools), 0.25) if not use_gpu else 1.0
     threads = cfg.threads_per_worker or max(1, int(cpus // cfg.num_workers))
     return per_worker, threads

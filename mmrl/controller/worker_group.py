@@ -1,5 +1,9 @@
 """A WorkerGroup: N Ray actors of one Worker class, called as one SPMD program.
 
+Each rank's actor is a :class:`~mmrl.controller.host.WorkerHost` that builds the worker inside itself; on a
+pool with ``reuse`` (``resources.reuse_workers``) a healthy group's hosts outlive it, for the next group of
+the same shape (:mod:`mmrl.controller.reuse`).
+
 Every call has a deadline (``timeout_s``). A rank whose process died (killed, out of memory, its node
 lost) or a call past its deadline raises :class:`WorkerFailure`, which the driver recovers from by
 rebuilding the groups from a checkpoint; an ordinary exception inside a worker method is re-raised as is.
@@ -14,10 +18,12 @@ from collections import Counter
 from typing import Any
 
 import ray
+from ray.actor import ActorHandle
 from ray.exceptions import NodeDiedError, OutOfMemoryError, RayActorError, RayTaskError, WorkerCrashedError
 
 from mmrl.controller.dispatch import DISPATCH_ATTR, DispatchSpec, collect, split_args
 from mmrl.controller.resource_pool import ResourcePool
+from mmrl.controller.reuse import HostSpec
 
 # Errors that mean a rank's process is gone: the call can never complete.
 DEATH = (RayActorError, OutOfMemoryError, WorkerCrashedError, NodeDiedError)
@@ -27,6 +33,8 @@ GRACE_S = 15.0
 # Starting a rank (a process that imports torch and transformers, then joins the process group) can take longer
 # than a short step deadline on a loaded machine: the start gets at least this long.
 STARTUP_S = 300.0
+# How long a rank gets to tear its worker down for reuse (collect, destroy its process group); past it, killed.
+RESET_S = 60.0
 
 
 class WorkerFailure(RuntimeError):
@@ -66,22 +74,31 @@ class WorkerGroup:
         self.placement: dict[str, int] = {}
         """uid -> the rank that holds the prompt's encoding this step (see :meth:`forget_prompts`)."""
         self.held: list[set[str]] = [set() for _ in range(pool.world_size)]
-        remote_cls = ray.remote(worker_cls)
-        self.workers = [
-            remote_cls.options(
-                num_cpus=pool.cpus_per_worker * share,
-                num_gpus=share if pool.use_gpu else 0,
-                scheduling_strategy=pool.scheduling(rank),
-                name=None,
-            ).remote(rank, self.world_size, threads, device)
-            for rank in range(self.world_size)
-        ]
+        self.specs = [HostSpec(rank, share, threads, device) for rank in range(self.world_size)]
+        self.healthy = True
+        """False once a call raised, died or passed its deadline: the ranks are then never reused."""
+        self.workers: list[ActorHandle] = []
+        """One :class:`~mmrl.controller.host.WorkerHost` actor per rank, in rank order."""
+        self._released = False
         pool.acquire()
-        start_s = max(timeout_s, STARTUP_S)
-        master_addr, master_port = self._gather("node_address", [self.workers[0].node_address.remote()], start_s)[0]
-        self._gather("init_process_group",
-                     [w.init_process_group.remote(master_addr, master_port, timeout_s) for w in self.workers], start_s)
+        try:
+            for spec in self.specs:
+                self.workers.append(pool.host(spec))
+            self._start(worker_cls, threads, device, max(timeout_s, STARTUP_S))
+        except BaseException:
+            self.healthy = False
+            self.shutdown()
+            raise
         self._bind(worker_cls)
+
+    def _start(self, worker_cls: type, threads: int, device: str, start_s: float) -> None:
+        """Build the worker on every rank and join the ranks into one process group (on a new port)."""
+        self._gather("start", [w.start.remote(worker_cls, rank, self.world_size, threads, device)
+                               for rank, w in enumerate(self.workers)], start_s)
+        master_addr, master_port = self._gather("node_address", [self.workers[0].call.remote("node_address")],
+                                                start_s)[0]
+        self._gather("init_process_group", [w.call.remote("init_process_group", master_addr, master_port,
+                                                          self.timeout_s) for w in self.workers], start_s)
 
     def _bind(self, worker_cls: type) -> None:
         for name, fn in inspect.getmembers(worker_cls, predicate=inspect.isfunction):
@@ -102,7 +119,7 @@ class WorkerGroup:
                 self.held[rank].update(part["uid"])
         if self.count_bytes:
             self.bytes_sent[method] += sum(len(ray.cloudpickle.dumps(call)) for call in per_rank)
-        refs = [getattr(w, method).remote(*a, **kw) for w, (a, kw) in zip(self.workers, per_rank)]
+        refs = [w.call.remote(method, *a, **kw) for w, (a, kw) in zip(self.workers, per_rank)]
         results = self._gather(method, refs)
         if self.count_bytes:
             self.bytes_received[method] += sum(len(ray.cloudpickle.dumps(r)) for r in results)
@@ -112,12 +129,18 @@ class WorkerGroup:
         """A new step: every rank drops the prompt encodings it holds, and groups may go anywhere again."""
         self.placement.clear()
         self.held = [set() for _ in range(self.world_size)]
-        self._gather("drop_prompts", [w.drop_prompts.remote() for w in self.workers])
+        self._gather("drop_prompts", [w.call.remote("drop_prompts") for w in self.workers])
 
     def _gather(self, method: str, refs: list[ray.ObjectRef], timeout_s: float | None = None) -> list[Any]:
         """Every rank's result, in rank order; raises WorkerFailure when a rank died or the deadline
-        (``timeout_s``, default the group's) passed."""
-        timeout_s = timeout_s or self.timeout_s
+        (``timeout_s``, default the group's) passed. Any error marks the group unhealthy."""
+        try:
+            return self._wait(method, refs, timeout_s or self.timeout_s)
+        except BaseException:
+            self.healthy = False  # a rank may be dead, hung, or still inside a call: none is reused
+            raise
+
+    def _wait(self, method: str, refs: list[ray.ObjectRef], timeout_s: float) -> list[Any]:
         deadline = time.monotonic() + timeout_s
         pending, error = list(refs), None
         while pending:
@@ -141,11 +164,28 @@ class WorkerGroup:
         return ray.get(refs)
 
     def shutdown(self) -> None:
-        """Kill the ranks and release this group's hold on the pool (a pool shared with another group is
-        removed when the last of them shuts down). Calling it twice is harmless."""
-        if not self.workers:
+        """Stop the ranks and release this group's hold on the pool (a pool shared with another group is
+        removed when the last of them shuts down). On a pool with ``reuse``, the ranks of a healthy group
+        tear their workers down and stay, idle, for a later group; otherwise they are killed. Calling it
+        twice is harmless."""
+        if self._released:
             return
-        for worker in self.workers:
-            ray.kill(worker)
-        self.workers = []
+        self._released = True
+        hosts, self.workers = self.workers, []
+        keep = self._reset(hosts) if self.pool.reuse and self.healthy else [False] * len(hosts)
+        for spec, host, kept in zip(self.specs, hosts, keep):
+            self.pool.give_back(spec, host, kept)
         self.pool.release()
+
+    def _reset(self, hosts: list[ActorHandle]) -> list[bool]:
+        """Which hosts tore their worker down cleanly within RESET_S (see :meth:`WorkerHost.reset`)."""
+        refs = [host.reset.remote() for host in hosts]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=RESET_S)
+        return [ref in ready and _reset_ok(ref) for ref in refs]
+
+
+def _reset_ok(ref: ray.ObjectRef) -> bool:
+    try:
+        return bool(ray.get(ref))
+    except ray.exceptions.RayError:
+        return False

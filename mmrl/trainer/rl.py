@@ -117,7 +117,7 @@ class RLTrainer:
         ) if wanted]
         separate = [e for e in extra if e[2] == "separate"]
         cpus, threads = worker_shape(res, use_gpu, pools=1 + len(separate))
-        pool = ResourcePool(res.num_workers, cpus, use_gpu, name="actor_rollout_ref")
+        pool = ResourcePool(res.num_workers, cpus, use_gpu, name="actor_rollout_ref", reuse=res.reuse_workers)
         colocated = 1 + len(extra) - len(separate)
         group = dict(threads=threads, device=res.device, timeout_s=timeout)
         self.workers = WorkerGroup(self.actor_worker, pool, share=1.0 / colocated, **group)
@@ -125,7 +125,8 @@ class RLTrainer:
         self.groups: dict[str, WorkerGroup] = {}
         for name, worker, placement, path in extra:
             own = placement == "separate"
-            own_pool = ResourcePool(res.num_workers, cpus, use_gpu, name=name) if own else pool
+            own_pool = (ResourcePool(res.num_workers, cpus, use_gpu, name=name, reuse=res.reuse_workers)
+                        if own else pool)
             self.groups[name] = WorkerGroup(worker, own_pool, share=1.0 if own else 1.0 / colocated, **group)
             self.groups[name].init_model(cfg, path)
         self.critic = self.groups.get("critic")

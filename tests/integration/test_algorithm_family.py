@@ -45,7 +45,7 @@ def test_each_algorithm_config_runs_end_to_end(path, tiny_config, tmp_path):
         f"tracking.uri={tiny_config.tracking.uri}", f"tracking.artifact_dir={tiny_config.tracking.artifact_dir}",
         "trainer.steps=2", "trainer.prompts_per_step=4", "trainer.val_size=4", "trainer.eval_every=0",
         "rollout.n=4", "rollout.max_new_tokens=8", "resources.threads_per_worker=1",
-        *owned,
+        "resources.reuse_workers=true", *owned,
     ])
     if cfg.algorithm.critic_warmup_steps:
         cfg.algorithm.critic_warmup_steps = 1  # step 1 trains the critic alone, step 2 both
@@ -78,6 +78,7 @@ def test_dynamic_sampling_stops_with_a_clear_error_when_no_group_differs(tiny_co
         f"tracking.uri={tiny_config.tracking.uri}", f"tracking.artifact_dir={tiny_config.tracking.artifact_dir}",
         "trainer.steps=1", "trainer.prompts_per_step=2", "trainer.val_size=2", "rollout.n=2",
         "rollout.max_new_tokens=4", "algorithm.max_gen_rounds=2", "resources.threads_per_worker=1",
+        "resources.reuse_workers=true",
     ])
     cfg.reward.weights, cfg.reward.function = {}, "tests/fixtures/reward_plugins/kinds.py:constant"
     cfg.validate()

@@ -3,13 +3,16 @@ KL controller's coefficient included)."""
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import pytest
+import ray
 import torch
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
+from mmrl.controller.reuse import idle_hosts
 from mmrl.trainer.checkpoint import load_driver_state
 from mmrl.trainer.rl import run_rl
 
@@ -30,6 +33,10 @@ def configure(cfg, out_dir: Path, steps: int, save_every: int = 2, **overrides):
         section, name = key.split("__")
         setattr(getattr(cfg, section), name, value)
     return cfg
+
+
+def idle_pids() -> list[int]:
+    return sorted(ray.get([host.__ray_call__.remote(lambda host: os.getpid()) for host in idle_hosts()]))
 
 
 def weights(folder: Path, file: str = "model.safetensors") -> dict[str, torch.Tensor]:
@@ -99,8 +106,10 @@ def test_ppo_with_a_critic_on_two_fsdp_workers_resumes_bit_for_bit(tiny_config, 
     for cfg in (base.actor, base.critic):
         cfg.vision.strategy, cfg.llm.strategy = "fsdp", "fsdp"
     run_rl(configure(base, tmp_path / "straight", 4))
+    warm = idle_pids()  # the 4 processes (2 ranks x actor, critic) stay for the next run (resources.reuse_workers)
     resumed = configure(base, tmp_path / "resumed", 4, trainer__resume=str(tmp_path / "straight" / "step_2"))
     run_rl(resumed)
+    assert len(warm) == 4 and idle_pids() == warm  # the next run ran in them, and gave them back
     assert (tmp_path / "resumed" / "step_4" / "meta.json").is_file() and not (tmp_path / "resumed" / "step_2").exists()
     assert_identical(weights(tmp_path / "straight" / "checkpoint"), weights(tmp_path / "resumed" / "checkpoint"))
     critic = "value_model.safetensors"

@@ -1,15 +1,19 @@
-"""Resource pools shared by worker groups (real Ray placement groups), and the embedded local Ray."""
+"""Resource pools shared by worker groups (real Ray placement groups), the reuse of warm worker processes, and
+the embedded local Ray."""
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+import pytest
 import ray
 
-from mmrl.controller import ResourcePool, Worker, WorkerGroup
+from mmrl.controller import ResourcePool, Worker, WorkerFailure, WorkerGroup
 
 
 def test_a_shared_pool_outlives_the_first_group_to_shut_down():
@@ -46,3 +50,82 @@ def test_the_embedded_ray_ignores_a_stale_cluster_file():
         shutil.rmtree(short, ignore_errors=True)
     assert started.returncode == 0, started.stderr[-2000:]
     assert f"cpus {float(os.cpu_count())}" in started.stdout
+
+
+def on_ranks(group: WorkerGroup, fn) -> list:
+    """``fn(host)`` run inside each rank's process (``fn`` a lambda: pickled by value)."""
+    return ray.get([host.__ray_call__.remote(fn) for host in group.workers], timeout=60)
+
+
+def pids(group: WorkerGroup) -> list[int]:
+    return on_ranks(group, lambda host: os.getpid())
+
+
+def reusable_group(cpus: float = 0.5, threads: int = 1, timeout_s: float = 1800.0) -> WorkerGroup:
+    return WorkerGroup(Worker, ResourcePool(1, cpus_per_worker=cpus, name="reused", reuse=True), threads=threads,
+                       device="cpu", timeout_s=timeout_s)
+
+
+def gone(pid: int, within_s: float = 30.0) -> bool:
+    """Whether process ``pid`` ended (or is a zombie) within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        status = Path(f"/proc/{pid}/status")
+        if not status.exists() or "State:\tZ" in status.read_text():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_a_healthy_group_s_process_serves_the_next_group_of_its_shape_as_a_fresh_one_would():
+    import torch
+
+    first = reusable_group()
+    (pid,) = pids(first)
+    fresh = on_ranks(first, lambda host: (torch.rand(3).tolist(), torch.get_num_threads(), sorted(os.environ)))
+    on_ranks(first, lambda host: (os.environ.update(MMRL_LEFTOVER="1"), torch.set_num_threads(2),
+                                  torch.set_default_dtype(torch.float64)))
+    on_ranks(first, lambda host: __import__("mmrl.parallel.sharding", fromlist=["_MESHES"])._MESHES.update(x=1))
+    first.shutdown()
+    second = reusable_group()
+    assert pids(second) == [pid]
+    # the first draws of torch's generator, the threads and the environment of a fresh process
+    assert on_ranks(second, lambda host: (torch.rand(3).tolist(), torch.get_num_threads(), sorted(os.environ))) \
+        == fresh
+    assert on_ranks(second, lambda host: torch.get_default_dtype()) == [torch.float32]
+    assert on_ranks(second, lambda host: __import__("mmrl.parallel.sharding", fromlist=["_MESHES"])._MESHES) == [{}]
+    # a new process group (on a new port), which the group's collectives use
+    assert second.peak_memory_gb()[0] > 0
+    assert on_ranks(second, lambda host: __import__("torch.distributed").distributed.get_world_size()) == [1]
+    second.shutdown()
+
+
+def test_a_group_of_another_shape_starts_new_processes():
+    first = reusable_group(threads=1)
+    (pid,) = pids(first)
+    first.shutdown()
+    more_threads = reusable_group(threads=2)
+    (other,) = pids(more_threads)
+    assert other != pid and gone(pid)  # the idle one was in the way on its bundle: killed
+    more_threads.shutdown()
+    smaller = reusable_group(cpus=0.25)  # another pool shape: the idle pool is removed for it
+    assert pids(smaller) != [other] and gone(other)
+    smaller.shutdown()
+
+
+def test_a_failed_process_is_never_reused():
+    hung = reusable_group(timeout_s=3.0)
+    (pid,) = pids(hung)
+    os.kill(pid, signal.SIGSTOP)
+    with pytest.raises(WorkerFailure, match="did not finish within 3 s"):
+        hung.torch_threads()
+    hung.shutdown()
+    after_vllm = reusable_group(timeout_s=3.0)
+    (pid_2,) = pids(after_vllm)
+    assert pid_2 != pid and gone(pid)
+    # a process that imported vLLM (here: a stand-in module of that name) is never reused either
+    on_ranks(after_vllm, lambda host: sys.modules.setdefault("vllm", type(sys)("vllm")))
+    after_vllm.shutdown()
+    last = reusable_group(timeout_s=3.0)
+    assert pids(last) != [pid_2] and gone(pid_2)
+    last.shutdown()
