@@ -90,8 +90,9 @@ gpu-check: $(STAMP)
 	$(STAGE).gpu_check --config $(CONFIG) $(ARGS)
 
 # Learning runs (minutes each) are benchmarks: `make bench-learning`; `make test-extra` the extra checks.
+# Two pytest workers: the Ray tests in one (one Ray session), the unit tests beside them (tests/conftest.py).
 test: $(STAMP)
-	$(PY) -m pytest tests -q -m "not learning and not extra" $(PYTEST_ARGS)
+	$(PY) -m pytest tests -q -m "not learning and not extra" -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)

@@ -94,7 +94,8 @@ def test_two_workers_keep_each_prompt_on_one_rank_and_encode_it_once_per_pass(tw
     assert all(torch.equal(state0[k], state1[k]) for k in state0)
 
 
-@pytest.mark.parametrize("placement", ["colocate", "separate"])
+# A colocated critic on 2 FSDP ranks also runs in test_checkpoints' PPO resume test: `make test-extra` runs it here.
+@pytest.mark.parametrize("placement", [pytest.param("colocate", marks=pytest.mark.extra), "separate"])
 def test_ppo_with_a_sharded_critic_runs_end_to_end(tiny_config, tmp_path, placement):
     """PPO + GAE: a critic group (own layout, colocated or in its own pool) beside a 2-rank sharded actor."""
     cfg = tiny_config
