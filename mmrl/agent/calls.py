@@ -48,6 +48,11 @@ class CallError:
     name: str = ""
 
 
+def format_call(name: str, arguments: dict[str, Any]) -> str:
+    """A call as the policy writes it (demonstrations are written with this)."""
+    return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{CLOSE}"
+
+
 def has_calls(text: str) -> bool:
     """Whether ``text`` holds a tool call, well-formed or not (an episode then goes on with a tool turn)."""
     return OPEN in text
