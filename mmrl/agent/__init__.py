@@ -14,6 +14,9 @@ module             concept
 ``table``          the tools of a run by name: their specs, schemas and argument validators
 ``stats``          counts of calls by tool and of errors by kind, as metrics
 ``chat``           the tools in the system prompt and a tool turn in the family's chat format, encoded
+``episode``        one episode: its turns (the policy's, the tools' as holes), its context, limits and cuts
+``loop``           the agent loop: every unfinished episode's turn generated at once, then all their calls
+``regions``        whether a call looked at the right place (a row's ground-truth box)
 =================  ============================================================================================
 
 This package's ``__init__`` stays light: tool worker processes import :mod:`mmrl.agent.worker` through it.

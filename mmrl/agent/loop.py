@@ -45,6 +45,12 @@ class AgentLoop:
     def run(self, prompts: Sequence[EncodedPrompt], params: SamplingParams) -> tuple[list[Episode], ToolStats]:
         """B encoded prompts (tools already in their system message) -> B*n episodes, the n of prompt i at
         i*n .. i*n+n-1, and the step's tool counts. One call is one step: hung tools are tried again."""
+        for prompt in prompts:
+            grids = 0 if prompt.image_grid_thw is None else len(prompt.image_grid_thw)
+            if grids != len(prompt.source_images):
+                raise ValueError(f"prompt {prompt.name}: its {grids} image(s) were not kept (an EncodedPrompt drops its "
+                                 "source images when it is sent to another process); run the agent loop where the "
+                                 "prompts were encoded, so that tools can crop the stored images")
         self.executor.begin_step()
         stats = ToolStats()
         episodes = [Episode(p, list(p.source_images), self.chat.model_image_sizes(p)) for p in prompts

@@ -10,6 +10,7 @@ never: turns that run out of tokens). Everything else is the real engine, tool, 
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -199,3 +200,9 @@ def test_response_batch_pads_episodes_with_holes(parts) -> None:
     assert int(batch["response_mm_types"][0].sum()) == int(episodes[0].turns[1].mm_types.sum()) > 0
     assert batch["num_turns"].tolist() == [2, 1] and batch["num_tool_calls"].tolist() == [1, 1]
     assert batch["prompt_tokens"].tolist() == [len(episodes[0].prompt)] * 2
+
+
+def test_prompts_sent_from_another_process_are_refused(parts) -> None:
+    shipped = pickle.loads(pickle.dumps(prompts(parts[1])[0]))  # its source images stay behind
+    with pytest.raises(ValueError, match="run the agent loop where the prompts were encoded"):
+        loop(parts, EpisodeLimits()).run([shipped], SamplingParams(n=1))
