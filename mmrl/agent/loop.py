@@ -37,9 +37,11 @@ class AgentLoop:
 
     def __init__(self, engine: RolloutEngine, chat: ChatFormat, table: ToolTable, executor: ToolExecutor, *,
                  limits: EpisodeLimits = EpisodeLimits(), tool_limits: ToolLimits = ToolLimits(),
-                 max_model_len: int) -> None:
+                 max_model_len: int | None = None) -> None:
+        """``max_model_len``: the longest context (prompt and response); None: the engine's ``max_model_len``."""
         self.engine, self.chat, self.table, self.executor = engine, chat, table, executor
-        self.limits, self.tool_limits, self.max_model_len = limits, tool_limits, max_model_len
+        self.limits, self.tool_limits = limits, tool_limits
+        self.max_model_len = int(max_model_len or getattr(engine, "max_model_len"))
         self.eos_id = chat.processor.tokenizer.eos_token_id
 
     def run(self, prompts: Sequence[EncodedPrompt], params: SamplingParams) -> tuple[list[Episode], ToolStats]:

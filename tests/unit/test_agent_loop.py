@@ -83,7 +83,7 @@ def set_end_of_turn(model, processor, scale: float) -> None:
         model.lm_head.weight[processor.tokenizer.eos_token_id] = scale * direction
 
 
-def loop(parts, limits: EpisodeLimits, max_model_len: int = 2048, calls: list | None = None) -> AgentLoop:
+def loop(parts, limits: EpisodeLimits, max_model_len: int | None = None, calls: list | None = None) -> AgentLoop:
     model, processor, chat, table, executor = parts
     table.calls = [ZOOM] if calls is None else calls
     engine = HFRolloutEngine(model, processor, CPU, micro_batch_size=8)
