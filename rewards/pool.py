@@ -123,6 +123,8 @@ class PluginPool:
 
     def _step(self, call: _Call | None) -> None:
         self._fill()
+        if call is not None:
+            call.drop_given_up()  # before workers are free: a hung function's batch waits for no restart
         for worker in list(self._workers):
             while call is not None and call.queue and worker in self._workers and worker.idle:
                 self._send(worker, call.queue.popleft(), call)
@@ -306,6 +308,14 @@ class _Call:
             self.given_up[spec] = Outcome(
                 failure="timeout", message=f"not run: this {noun} function's first {self.timeouts[spec]} calls in "
                                            "this batch all timed out, so the rest of the batch was not tried")
+
+    def drop_given_up(self) -> None:
+        """Fail the queued samples of the functions given up on at once (they need no worker)."""
+        if any(chunk.spec in self.given_up for chunk in self.queue):
+            for chunk in [c for c in self.queue if c.spec in self.given_up]:
+                for index, _ in chunk.items:
+                    self.record(chunk.job, index, self.given_up[chunk.spec])
+            self.queue = deque(c for c in self.queue if c.spec not in self.given_up)
 
     def record(self, job: int, index: int, outcome: Outcome) -> None:
         if index not in self.outcomes[job]:
