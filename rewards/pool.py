@@ -22,12 +22,19 @@ leaves the bulky ones it does not read (images, videos, the row's columns) out o
 Workers are fresh interpreters, never forks of the driver (it has Ray and torch threads), nor
 multiprocessing spawns (they re-import the driver's ``__main__``, torch and all): a worker runs one
 line that imports this module, whose imports are light.
+
+What a worker does with a spec is its pool's *runner*'s, a module (named when the pool is made) that
+defines ``resolve(spec)`` (the function a spec names), ``execute(fn, items, timeout_s, emit)`` (call it on
+the items, reporting through ``emit`` as :func:`execute` does), ``fields_read(fn)`` (which of the items'
+``BULKY_FIELDS`` it reads) and ``NOUN`` (the kind of plugin, for messages). This module is the runner of
+reward functions; :mod:`mmrl.agent.worker` is the agent tools'.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import inspect
 import json
 import math
@@ -45,6 +52,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
+from types import ModuleType
 from typing import Any
 
 import psutil
@@ -58,21 +66,24 @@ START_TIMEOUT_S = 60.0  # for a fresh worker to report ready
 LOAD_TIMEOUT_S = 60.0  # at least, for a worker to load a spec (a plugin's imports are not the reward call)
 MAX_START_FAILURES = 3  # workers in a row that die or hang before ready: the environment is broken
 GRACE_S = 0.25  # past timeout_s before a call is killed: an async function's own timeout reports first
-_BULKY_FIELDS = ("images", "videos", "extra")  # not sent to a function known not to take them
+BULKY_FIELDS = ("images", "videos", "extra")  # not sent to a function known not to take them
+NOUN = "reward"  # what a spec names, in messages: "reward worker", "reward function"
 
 Item = tuple[int, RewardInput]  # (the sample's index in the caller's batch, the sample)
 Job = tuple[str, Sequence[Item]]  # one reward function's spec and the samples it scores
 Emit = Callable[[tuple], None]  # gets ("start", index) before a call takes a sample, ("done", index, Outcome) after
 
 _BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-         "from rewards.pool import worker_main; worker_main(int(sys.argv[2]), int(sys.argv[3]))")
+         "from rewards.pool import worker_main; worker_main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])")
 
 
-class RewardPool:
-    """``num_workers`` reward worker processes, started on first use and replaced when they fail."""
+class PluginPool:
+    """``num_workers`` worker processes, started on first use and replaced when they fail; ``runner``: the
+    module that resolves and calls the specs in the workers (see above)."""
 
-    def __init__(self, num_workers: int = 2, max_memory_mb: float = 4096.0) -> None:
+    def __init__(self, num_workers: int = 2, max_memory_mb: float = 4096.0, runner: str = __name__) -> None:
         self.num_workers, self.max_memory_mb = num_workers, max_memory_mb
+        self.runner: ModuleType = importlib.import_module(runner)
         self._workers: list[_Worker] = []
         self._start_failures = 0
         self._fields: dict[str, frozenset[str]] = {}  # spec -> the RewardInput fields its function reads
@@ -112,6 +123,8 @@ class RewardPool:
 
     def _step(self, call: _Call | None) -> None:
         self._fill()
+        if call is not None:
+            call.drop_given_up()  # before workers are free: a hung function's batch waits for no restart
         for worker in list(self._workers):
             while call is not None and worker in self._workers and worker.idle:
                 chunk = self._next_chunk(call)
@@ -144,9 +157,9 @@ class RewardPool:
 
     def _fill(self) -> None:
         if not self._finalizer.alive:
-            raise RuntimeError("this reward pool is closed; create a new one")
+            raise RuntimeError(f"this {self.runner.NOUN} pool is closed; create a new one")
         while len(self._workers) < self.num_workers:
-            self._workers.append(_Worker())
+            self._workers.append(_Worker(self.runner.__name__))
 
     def _send(self, worker: _Worker, chunk: _Chunk, call: _Call) -> None:
         given_up = call.given_up.get(chunk.spec)
@@ -154,14 +167,14 @@ class RewardPool:
             for index, _ in chunk.items:
                 call.record(chunk.job, index, given_up)
             return
-        items = _lighten(chunk.items, self._fields.get(chunk.spec))
+        items = _lighten(chunk.items, self._fields.get(chunk.spec), self.runner.BULKY_FIELDS)
         try:
             payload = pickle.dumps(("chunk", chunk.spec, call.timeout_s, items), pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # a sample that does not pickle: find it by sending one at a time
             if len(chunk.items) > 1:
                 call.queue.extendleft(_Chunk(chunk.job, chunk.spec, [item]) for item in reversed(chunk.items))
             else:
-                message = f"the sample could not be sent to a reward worker ({type(exc).__name__}: {exc})"
+                message = f"the sample could not be sent to a {self.runner.NOUN} worker ({type(exc).__name__}: {exc})"
                 call.record(chunk.job, chunk.items[0][0], Outcome(failure="error", message=message))
             return
         try:
@@ -217,7 +230,8 @@ class RewardPool:
             if now - worker.launched_at > START_TIMEOUT_S:
                 self._start_failed(worker, f"did not report ready within {START_TIMEOUT_S:g} s")
         elif worker.load_deadline is not None and now > worker.load_deadline:
-            self._fail(worker, call, "timeout", f"loading the reward function took over {LOAD_TIMEOUT_S:g} s")
+            self._fail(worker, call, "timeout",
+                       f"loading the {self.runner.NOUN} function took over {LOAD_TIMEOUT_S:g} s")
         elif call is not None and worker.running and min(worker.running.values()) < now:
             self._fail(worker, call, "timeout", f"did not return within {call.timeout_s:g} s; its worker process was killed")
         elif (rss_mb := worker.rss_mb()) > self.max_memory_mb:
@@ -250,7 +264,7 @@ class RewardPool:
         for index in sorted(hit):
             call.record(chunk.job, index, outcome)
         if kind == "timeout" and not loading:
-            call.note_timeout(chunk.spec, self.num_workers)
+            call.note_timeout(chunk.spec, self.num_workers, self.runner.NOUN)
         rest = [item for item in chunk.items if item[0] in worker.pending and item[0] not in hit]
         if rest:
             call.queue.appendleft(_Chunk(chunk.job, chunk.spec, rest))
@@ -260,7 +274,8 @@ class RewardPool:
         self._start_failures += 1
         if self._start_failures >= MAX_START_FAILURES:
             raise RuntimeError(
-                f"reward worker processes fail to start: {self._start_failures} in a row, the last {reason}. "
+                f"{self.runner.NOUN} worker processes fail to start: {self._start_failures} in a row, the last "
+                f"{reason}. "
                 f"Their error output is above; `{sys.executable} -c 'import rewards.pool'` reproduces an "
                 "import error"
             )
@@ -271,9 +286,9 @@ class RewardPool:
             self._workers.remove(worker)
 
 
-def _lighten(items: list[Item], fields: frozenset[str] | None) -> list[Item]:
-    """The samples without the bulky fields (decoded images, ...) the function does not read."""
-    dropped = [name for name in _BULKY_FIELDS if fields is not None and name not in fields]
+def _lighten(items: list[Item], fields: frozenset[str] | None, bulky: Sequence[str]) -> list[Item]:
+    """The samples without the ``bulky`` fields (decoded images, ...) the function does not read."""
+    dropped = [name for name in bulky if fields is not None and name not in fields]
     if not dropped:
         return items
     return [(index, dataclasses.replace(inp, **{name: type(getattr(inp, name))() for name in dropped}))
@@ -304,14 +319,22 @@ class _Call:
                 self.queue.append(_Chunk(job, spec, list(items[start:start + size])))
             self.remaining += len(items)
 
-    def note_timeout(self, spec: str, num_workers: int) -> None:
+    def note_timeout(self, spec: str, num_workers: int, noun: str) -> None:
         """A function whose first ``num_workers`` calls of this call all timed out hangs: its other samples
         fail at once, so that a step waits about one timeout for it, not one per sample."""
         self.timeouts[spec] += 1
         if self.timeouts[spec] >= num_workers and not self.returned[spec]:
             self.given_up[spec] = Outcome(
-                failure="timeout", message=f"not run: this reward function's first {self.timeouts[spec]} calls in "
+                failure="timeout", message=f"not run: this {noun} function's first {self.timeouts[spec]} calls in "
                                            "this batch all timed out, so the rest of the batch was not tried")
+
+    def drop_given_up(self) -> None:
+        """Fail the queued samples of the functions given up on at once (they need no worker)."""
+        if any(chunk.spec in self.given_up for chunk in self.queue):
+            for chunk in [c for c in self.queue if c.spec in self.given_up]:
+                for index, _ in chunk.items:
+                    self.record(chunk.job, index, self.given_up[chunk.spec])
+            self.queue = deque(c for c in self.queue if c.spec not in self.given_up)
 
     def record(self, job: int, index: int, outcome: Outcome) -> None:
         if index not in self.outcomes[job]:
@@ -322,10 +345,11 @@ class _Call:
 class _Worker:
     """The parent's handle on one worker process and the chunk it is working on."""
 
-    def __init__(self) -> None:
+    def __init__(self, runner: str) -> None:
         ours, theirs = Pipe()
         paths = json.dumps([p for p in sys.path if isinstance(p, str)])
-        self.proc = subprocess.Popen([sys.executable, "-c", _BOOT, paths, str(theirs.fileno()), str(os.getpid())],
+        argv = [sys.executable, "-c", _BOOT, paths, str(theirs.fileno()), str(os.getpid()), runner]
+        self.proc = subprocess.Popen(argv,
                                      pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
         self.conn: Connection = ours
@@ -376,6 +400,9 @@ def describe_exit(code: int | None) -> str:
         return f"killed by {signal.Signals(-code).name}"
     except ValueError:
         return f"killed by signal {-code}"
+
+
+RewardPool = PluginPool  # the reward stage's pool: this module is its runner
 
 
 def _shutdown(workers: list[_Worker]) -> None:
@@ -520,11 +547,13 @@ def raised(exc: BaseException) -> Outcome:
 # --- the worker process -------------------------------------------------------------------------------
 
 
-def worker_main(fd: int, parent_pid: int) -> None:
-    """A worker's loop: read a chunk, load its spec (cached), run it, report; until told to exit."""
+def worker_main(fd: int, parent_pid: int, runner: str = __name__) -> None:
+    """A worker's loop: read a chunk, load its spec (cached) with ``runner``'s ``resolve``, run it with its
+    ``execute``, report; until told to exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle; it ends the workers
     conn = Connection(fd)
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="mmrl-watch", daemon=True).start()
+    module = importlib.import_module(runner)
     conn.send(("ready",))
     functions: dict[str, RewardFn | str] = {}  # spec -> its function, or why it could not be loaded
     while True:
@@ -540,23 +569,23 @@ def worker_main(fd: int, parent_pid: int) -> None:
         _, spec, timeout_s, items = message
         if spec not in functions:
             try:
-                functions[spec] = resolve(spec)
+                functions[spec] = module.resolve(spec)
             except BaseException as exc:  # a plugin's import may raise anything, SystemExit included
-                functions[spec] = f"could not load reward {spec!r}: {type(exc).__name__}: {exc}"
+                functions[spec] = f"could not load {module.NOUN} {spec!r}: {type(exc).__name__}: {exc}"
         fn = functions[spec]
         if isinstance(fn, str):
             conn.send(("load_failed", fn))
             continue
-        conn.send(("loaded", _fields_read(fn)))
-        execute(fn, items, timeout_s, conn.send)
+        conn.send(("loaded", module.fields_read(fn)))
+        module.execute(fn, items, timeout_s, conn.send)
 
 
-def _fields_read(fn: RewardFn) -> tuple[str, ...]:
+def fields_read(fn: RewardFn) -> tuple[str, ...]:
     """The RewardInput fields a call of ``fn`` reads: those it takes, and ``extra`` for its row columns."""
     try:
         plan = plan_call(fn)
     except TypeError:
-        return _BULKY_FIELDS  # it will fail on its own; send everything
+        return BULKY_FIELDS  # it will fail on its own; send everything
     return plan.fields + (("extra",) if plan.columns else ())
 
 

@@ -1,0 +1,270 @@
+"""The zoom task: a large image whose answer is not legible at the resolution the model is given, but is after
+zooming with the ``zoom_in`` tool.
+
+The image (``image_size`` px, default 448) is a board of ``grid`` x ``grid`` cells (default 4 x 4) separated by
+thin lines, named by row letter and column number (``A1`` top left, ``B3`` second row, third column). Every cell
+holds one circle, one square and one triangle in three different colours, ``shape_sides`` px each. The
+question names a cell and a kind: "What colour is the triangle in cell C2?"
+
+The model sees the image at ``view_side`` px (its processor's resize: 112 for the tiny model), where a shape is
+about ``side * view_side / image_size`` px (2 to 3 by default): its colour may show, its kind does not, so
+without the tool the model can at best pick among the cell's three colours. Zoomed on its cell (the built-in
+``zoom_in``: the cell enlarged to the tool's pixel budget, then the processor's resize) a shape is about
+``side * zoom view / cell side`` px (8 to 12), legible. (The tiny model's tower merges 28 x 28 view pixels into
+one token: unzoomed, a whole cell is one token; zoomed, sixteen.)
+
+Each drawn row is checked: one whose target shape would be legible without zooming (over ``illegible_px`` in
+the full view: ``legible_without_zoom``) or illegible after zooming on its cell (under ``legible_px``:
+``illegible_after_zoom``) is quarantined with that reason; rows are drawn until a split is full, and drawn =
+written + quarantined (:class:`ZoomReport`). A spec under which every row is quarantined raises ValueError.
+
+Each row's ``extra`` records the board (``shapes``: every shape's cell, kind, colour and box), the question's
+``cell`` and ``kind``, and the ground truth of where to look, in stored pixels (left, top, right, bottom; right
+and bottom exclusive): ``cell_box`` and ``shape_box``, for :func:`mmrl.agent.regions.region_hit`.
+
+Demonstration rows (the ``sft`` split by default) hold a whole episode: the question, the policy's ``zoom_in``
+call on the cell (in the coordinates the model sees), the tool turn with the zoomed image (made by the built-in
+tool itself) and the answer. :mod:`mmrl.agent.chat` encodes them (``ChatFormat.in_format``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, ImageDraw
+
+from data_prep.palette import BACKGROUND_RANGE, COLOURS
+from data_prep.parquet import write_parquet
+from data_prep.pixels import encode_png
+from data_prep.synthetic import SHAPES, _apart, _draw_shape, derive_seed  # the shapes as the other tasks draw them
+from mmrl.agent.builtin import zoom_in
+from mmrl.agent.calls import format_call
+from mmrl.answer_format import format_answer
+from mmrl.schema import IMAGE_PLACEHOLDER, make_row
+
+TASK = "zoom"
+DATA_SOURCE = f"synthetic/{TASK}"
+QUESTION = "What colour is the {kind} in cell {cell}?"
+ROWS = "ABCDEFGHI"
+ZOOM_TOOL = "zoom_in"
+LINE_GREY = 120  # the grid lines: darker than every background, far from every colour
+_MARGIN = 3  # pixels kept free inside a cell's lines
+
+
+@dataclass(frozen=True)
+class ZoomTaskSpec:
+    image_size: int = 448
+    """Side of the stored (full resolution) image, in pixels."""
+    grid: int = 4
+    """Cells per side (1 to 9)."""
+    shape_sides: tuple[int, int] = (8, 12)
+    """Smallest and largest side of a shape, stored pixels."""
+    view_side: int = 112
+    """Side of the image as the model sees it: its processor's resize (the tiny model's budget: 112)."""
+    zoom_max_pixels: int = 448 * 448
+    """The zoom tool's pixel budget (the run's ``ToolLimits.max_pixels``): demonstrations are zoomed to it."""
+    illegible_px: float = 3.0
+    """A target shape larger than this in the full view is legible without zooming (the row is quarantined)."""
+    legible_px: float = 8.0
+    """A target shape smaller than this when zoomed on its cell stays illegible (the row is quarantined)."""
+
+    def __post_init__(self) -> None:
+        lo, hi = self.shape_sides
+        if not 1 <= self.grid <= len(ROWS):
+            raise ValueError(f"zoom task: grid={self.grid} must be 1 to {len(ROWS)} (cells are named A1 to I9)")
+        if self.image_size % self.grid:
+            raise ValueError(f"zoom task: image_size={self.image_size} must be a multiple of grid={self.grid}")
+        if not 6 <= lo <= hi:
+            raise ValueError(f"zoom task: shape_sides={self.shape_sides} must be (lo, hi) with 6 <= lo <= hi")
+        if 2 * (hi + _MARGIN) + hi > self.cell_side:
+            raise ValueError(f"zoom task: cells of {self.cell_side} px cannot hold three shapes of {hi} px; raise "
+                             "image_size, or lower grid or shape_sides")
+        if self.view_side < 1 or self.zoom_max_pixels < 1:
+            raise ValueError("zoom task: view_side and zoom_max_pixels must be positive")
+
+    @property
+    def cell_side(self) -> int:
+        return self.image_size // self.grid
+
+    @property
+    def zoom_view_side(self) -> float:
+        """Side, in the model's view, of a cell zoomed to the tool's budget (the processor shrinks it to the view)."""
+        return min(math.isqrt(self.zoom_max_pixels), self.view_side)
+
+    def legibility(self, side: int) -> str | None:
+        """Why a target shape of ``side`` stored pixels makes a bad row, or None for a good one."""
+        if side * self.view_side / self.image_size > self.illegible_px:
+            return "legible_without_zoom"
+        if side * self.zoom_view_side / self.cell_side < self.legible_px:
+            return "illegible_after_zoom"
+        return None
+
+    def view_box(self, row: int, col: int) -> list[float]:
+        """Cell (row, col) as [x1, y1, x2, y2] in the coordinates the model sees."""
+        step = self.view_side / self.grid
+        return [_number(v * step) for v in (col, row, col + 1, row + 1)]
+
+
+@dataclass
+class ZoomReport:
+    """Counts of one split: every drawn row is written or quarantined (``reasons`` by kind)."""
+
+    drawn: int = 0
+    written: int = 0
+    quarantined: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+
+    def summary(self) -> str:
+        line = f"zoom: drawn={self.drawn} written={self.written} quarantined={self.quarantined}"
+        if self.reasons:
+            line += " (" + ", ".join(f"{kind}={n}" for kind, n in self.reasons.most_common()) + ")"
+        return line
+
+
+def cell_name(row: int, col: int) -> str:
+    return f"{ROWS[row]}{col + 1}"
+
+
+def _number(value: float) -> float | int:
+    rounded = round(value, 1)
+    return int(rounded) if rounded == int(rounded) else rounded
+
+
+def draw_board(rng: random.Random, spec: ZoomTaskSpec) -> list[dict[str, Any]]:
+    """Every cell's three shapes: cell, kind, colour (three colours per cell) and box (x0, y0, side)."""
+    shapes = []
+    for row in range(spec.grid):
+        for col in range(spec.grid):
+            colours = rng.sample(list(COLOURS), len(SHAPES))
+            for kind, colour, box in zip(SHAPES, colours, _place(rng, spec, row, col)):
+                shapes.append({"cell": cell_name(row, col), "kind": kind, "colour": colour, "box": list(box)})
+    return shapes
+
+
+def _place(rng: random.Random, spec: ZoomTaskSpec, row: int, col: int) -> list[tuple[int, int, int]]:
+    """Three non-touching boxes inside cell (row, col), by rejection sampling."""
+    lo, hi = spec.shape_sides
+    x_start, y_start = col * spec.cell_side + _MARGIN, row * spec.cell_side + _MARGIN
+    room = spec.cell_side - 2 * _MARGIN
+    for _ in range(1000):
+        boxes: list[tuple[int, int, int]] = []
+        for _ in range(len(SHAPES)):
+            side = rng.randint(lo, hi)
+            box = (x_start + rng.randint(0, room - side), y_start + rng.randint(0, room - side), side)
+            if not all(_apart(box, other) for other in boxes):
+                break
+            boxes.append(box)
+        if len(boxes) == len(SHAPES):
+            return boxes
+    raise ValueError(f"could not place {len(SHAPES)} shapes in a {spec.cell_side} px cell; lower shape_sides")
+
+
+def render_board(shapes: list[dict[str, Any]], spec: ZoomTaskSpec, grey: int) -> Image.Image:
+    """The board: background, grid lines (on the cells' borders), the shapes drawn without anti-aliasing."""
+    img = Image.new("RGB", (spec.image_size, spec.image_size), (grey, grey, grey))
+    draw = ImageDraw.Draw(img)
+    line = (LINE_GREY,) * 3
+    for k in range(1, spec.grid):
+        at = k * spec.cell_side
+        draw.line([(at, 0), (at, spec.image_size - 1)], fill=line)
+        draw.line([(0, at), (spec.image_size - 1, at)], fill=line)
+    for shape in shapes:
+        _draw_shape(draw, shape["kind"], tuple(shape["box"]), COLOURS[shape["colour"]])
+    return img
+
+
+def _candidate(rng: random.Random, spec: ZoomTaskSpec) -> tuple[Image.Image, dict[str, Any], str]:
+    """A drawn board, its row's extra and the answer."""
+    grey = rng.randint(*BACKGROUND_RANGE)
+    shapes = draw_board(rng, spec)
+    target = rng.choice(shapes)
+    index = ROWS.index(target["cell"][0]), int(target["cell"][1:]) - 1
+    side, x0, y0 = spec.cell_side, index[1] * spec.cell_side, index[0] * spec.cell_side
+    x, y, s = target["box"]
+    extra = {"task": TASK, "grid": spec.grid, "cell": target["cell"], "kind": target["kind"], "background": [grey] * 3,
+             "cell_box": [x0, y0, x0 + side, y0 + side], "shape_box": [x, y, x + s, y + s],
+             "view_box": spec.view_box(*index), "shapes": shapes}
+    return render_board(shapes, spec, grey), extra, target["colour"]
+
+
+def demonstration(row: dict[str, Any], image: Image.Image, spec: ZoomTaskSpec) -> dict[str, Any]:
+    """The row as a demonstrated episode: the call on its cell, the tool's zoomed image, the answer."""
+    extra = json.loads(row["extra"])
+    zoomed = zoom_in(extra["view_box"], images=[image], model_image_sizes=[(spec.view_side, spec.view_side)],
+                     max_pixels=spec.zoom_max_pixels)
+    messages = [*row["messages"],
+                {"role": "assistant", "content": format_call(ZOOM_TOOL, {"bbox_2d": extra["view_box"]})},
+                {"role": "tool", "content": IMAGE_PLACEHOLDER},
+                {"role": "assistant", "content": format_answer(row["answer"])}]
+    return {**row, "messages": messages, "images": [*row["images"], encode_png(zoomed)],
+            "extra": json.dumps({**extra, "demonstration": True}, sort_keys=True)}
+
+
+def generate_zoom_rows(num: int, seed: int, spec: ZoomTaskSpec, id_prefix: str, seen: set[str] | None = None,
+                       demonstrations: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ZoomReport]:
+    """``num`` rows (whose images are not in ``seen``, which is updated), the quarantined ones (id, kind, reason,
+    extra) and the counts. Raises ValueError when too few rows pass the checks."""
+    rng, seen = random.Random(seed), set() if seen is None else seen
+    rows, quarantine, report = [], [], ZoomReport()
+    while report.written < num:
+        if report.drawn >= 10 * num + 100:
+            raise ValueError(f"zoom task: {report.summary()}; too few rows pass, change the spec ({spec})")
+        image, extra, answer = _candidate(rng, spec)
+        png = encode_png(image)
+        fingerprint = hashlib.sha256(png).hexdigest()
+        if fingerprint in seen:
+            continue
+        seen.add(fingerprint)
+        report.drawn += 1
+        row_id = f"{id_prefix}-{report.drawn - 1:06d}"
+        reason = spec.legibility(extra["shape_box"][2] - extra["shape_box"][0])
+        if reason is not None:
+            quarantine.append({"id": row_id, "kind": reason, "reason": _REASONS[reason], "extra": extra})
+            report.quarantined += 1
+            report.reasons[reason] += 1
+            continue
+        prompt = IMAGE_PLACEHOLDER + QUESTION.format(kind=extra["kind"], cell=extra["cell"])
+        row = make_row(row_id, prompt, [png], answer, DATA_SOURCE, extra)
+        rows.append(demonstration(row, image, spec) if demonstrations else row)
+        report.written += 1
+    return rows, quarantine, report
+
+
+_REASONS = {
+    "legible_without_zoom": "the target shape is legible at the model's resolution; raise image_size or lower "
+                            "shape_sides",
+    "illegible_after_zoom": "the target shape stays illegible when zoomed on its cell; raise shape_sides or lower grid",
+}
+
+
+def build_zoom_splits(sizes: dict[str, int], seed: int, spec: ZoomTaskSpec = ZoomTaskSpec(),
+                      demo_splits: tuple[str, ...] = ("sft",)) -> dict[str, tuple[list, list, ZoomReport]]:
+    """Per split: its rows (demonstrations for ``demo_splits``), its quarantined rows and its counts. Each split
+    draws from its own derived seed, and no image occurs twice across the splits."""
+    seen: set[str] = set()
+    return {split: generate_zoom_rows(size, derive_seed(seed, TASK, split), spec, f"{split}-{TASK}", seen,
+                                      demonstrations=split in demo_splits)
+            for split, size in sizes.items()}
+
+
+def write_zoom_splits(out_dir: str | Path, sizes: dict[str, int], seed: int, spec: ZoomTaskSpec = ZoomTaskSpec(),
+                      demo_splits: tuple[str, ...] = ("sft",)) -> dict[str, ZoomReport]:
+    """Write ``<out_dir>/<split>.parquet`` and ``<out_dir>/<split>.quarantine.jsonl`` per split; the counts."""
+    out = Path(out_dir)
+    reports = {}
+    for split, (rows, quarantine, report) in build_zoom_splits(sizes, seed, spec, demo_splits).items():
+        write_parquet(rows, out / f"{split}.parquet")
+        path = out / f"{split}.quarantine.jsonl"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(json.dumps(entry) + "\n" for entry in quarantine), encoding="utf-8")
+        os.replace(tmp, path)
+        reports[split] = report
+    return reports

@@ -1,0 +1,126 @@
+"""The zoom task: boards whose answer is the named shape's colour, legibility checks with a quarantine that
+counts every drawn row, demonstrations whose call and zoomed image are the built-in tool's, and the ground-truth
+box that measures whether a call hit the right region."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from jsonschema import Draft202012Validator
+from PIL import Image
+
+from data_prep.palette import COLOURS
+from data_prep.zoom_task import (
+    DATA_SOURCE, QUESTION, ZoomTaskSpec, build_zoom_splits, generate_zoom_rows, write_zoom_splits,
+)
+from mmrl.agent.builtin import BUILTINS, zoom_in
+from mmrl.agent.calls import ToolCall, parse_calls
+from mmrl.agent.chat import ChatFormat
+from mmrl.agent.regions import call_region, region_hit
+from mmrl.agent.schemas import schema_of
+from mmrl.models.encoding import encode_prompt
+from mmrl.models.loading import load_processor
+from mmrl.schema import decode_image, read_parquet, validate_row
+
+SPEC = ZoomTaskSpec()
+
+
+def test_rows_ask_for_the_colour_of_the_named_shape_in_the_named_cell() -> None:
+    rows, quarantine, report = generate_zoom_rows(6, seed=3, spec=SPEC, id_prefix="t")
+    assert report.summary() == "zoom: drawn=6 written=6 quarantined=0" and quarantine == []
+    assert rows == generate_zoom_rows(6, seed=3, spec=SPEC, id_prefix="t")[0]  # deterministic in the seed
+    for row in rows:
+        validate_row(row)
+        extra = json.loads(row["extra"])
+        assert row["data_source"] == DATA_SOURCE
+        assert row["messages"] == [{"role": "user", "content": "<image>" + QUESTION.format(kind=extra["kind"],
+                                                                                          cell=extra["cell"])}]
+        in_cell = [s for s in extra["shapes"] if s["cell"] == extra["cell"]]
+        assert sorted(s["kind"] for s in in_cell) == ["circle", "square", "triangle"]
+        assert len({s["colour"] for s in in_cell}) == 3 and len(extra["shapes"]) == 3 * SPEC.grid**2
+        [target] = [s for s in in_cell if s["kind"] == extra["kind"]]
+        assert row["answer"] == target["colour"]
+        image = decode_image(row["images"][0])
+        assert image.size == (SPEC.image_size, SPEC.image_size)
+        left, top, right, bottom = extra["shape_box"]
+        assert image.getpixel(((left + right) // 2, (top + bottom) // 2)) == COLOURS[row["answer"]]
+        cl, ct, cr, cb = extra["cell_box"]
+        assert cl <= left and ct <= top and right <= cr and bottom <= cb  # the shape lies in its cell
+        assert (cr - cl) == SPEC.image_size // SPEC.grid
+        side = right - left
+        assert side * SPEC.view_side / SPEC.image_size <= SPEC.illegible_px  # too small unzoomed
+        assert side * SPEC.zoom_view_side / SPEC.cell_side >= SPEC.legible_px  # legible zoomed
+
+
+def test_rows_that_fail_the_legibility_checks_are_quarantined_and_counted() -> None:
+    straddling = ZoomTaskSpec(shape_sides=(8, 16))  # sides over 12 are legible unzoomed (over 3 px of 112)
+    rows, quarantine, report = generate_zoom_rows(8, seed=0, spec=straddling, id_prefix="q")
+    assert report.written == len(rows) == 8 and report.quarantined == len(quarantine) > 0
+    assert report.drawn == report.written + report.quarantined
+    assert report.reasons == {"legible_without_zoom": report.quarantined}
+    assert {q["kind"] for q in quarantine} == {"legible_without_zoom"} and "raise image_size" in quarantine[0]["reason"]
+    assert not {q["id"] for q in quarantine} & {r["id"] for r in rows}
+    assert all(q["extra"]["shape_box"][2] - q["extra"]["shape_box"][0] > 12 for q in quarantine)
+    with pytest.raises(ValueError, match="too few rows pass"):
+        generate_zoom_rows(2, seed=0, spec=ZoomTaskSpec(image_size=224, grid=2, view_side=112), id_prefix="x")
+    with pytest.raises(ValueError, match="cannot hold three shapes"):
+        ZoomTaskSpec(grid=8, shape_sides=(20, 24))
+    with pytest.raises(ValueError, match="multiple of grid"):
+        ZoomTaskSpec(image_size=450)
+
+
+VALIDATORS = {name: Draft202012Validator(schema_of(fn)["parameters"]) for name, fn in BUILTINS.items()}
+
+
+def test_a_demonstration_is_the_episode_the_tool_would_give(tiny_model_dir: Path) -> None:
+    [row], _, _ = generate_zoom_rows(1, seed=5, spec=SPEC, id_prefix="d", demonstrations=True)
+    validate_row(row)
+    extra = json.loads(row["extra"])
+    assert [m["role"] for m in row["messages"]] == ["user", "assistant", "tool", "assistant"]
+    [call] = parse_calls(row["messages"][1]["content"], VALIDATORS)
+    assert call == ToolCall("zoom_in", {"bbox_2d": extra["view_box"]})
+    board, zoomed = (decode_image(b) for b in row["images"])
+    expected = zoom_in(extra["view_box"], images=[board], model_image_sizes=[(112, 112)],
+                       max_pixels=SPEC.zoom_max_pixels)
+    assert list(zoomed.getdata()) == list(expected.getdata())
+    assert row["messages"][3]["content"] == f"<answer>{row['answer']}</answer>" and extra["demonstration"]
+    # The call hits the ground truth; a box on the wrong cell or over the whole board does not.
+    region = call_region(extra["view_box"], (SPEC.view_side, SPEC.view_side), board.size)
+    assert region == tuple(extra["cell_box"])
+    assert region_hit(region, tuple(extra["shape_box"]), tuple(extra["cell_box"]))
+    assert not region_hit(call_region([0, 0, 112, 112], (112, 112), board.size), tuple(extra["shape_box"]),
+                          tuple(extra["cell_box"]))
+    # It encodes through the chat format, the tool turn's image included.
+    processor = load_processor(str(tiny_model_dir))
+    chat = ChatFormat(processor)
+    encoded = encode_prompt(processor, chat.in_format(row["messages"]), [board, zoomed])
+    assert encoded.image_grid_thw.shape[0] == 2
+
+
+def test_region_hit_needs_the_whole_target_and_not_too_large_a_region() -> None:
+    cell, target = (100, 100, 200, 200), (120, 130, 130, 140)
+    assert region_hit((110, 120, 140, 150), target, cell)
+    assert region_hit((0, 0, 200, 200), target, cell)  # four cells' area: still a zoom
+    assert not region_hit((0, 0, 201, 200), target, cell)
+    assert not region_hit((121, 130, 130, 140), target, cell)  # misses a column of it
+    assert not region_hit(None, target, cell)
+    assert call_region([5, 5, 1, 1], (10, 10), (100, 100)) is None
+
+
+def test_splits_share_no_image_and_are_written_with_their_quarantine(tmp_path: Path) -> None:
+    sizes = {"sft": 2, "train": 3, "test": 2}
+    splits = build_zoom_splits(sizes, seed=1, spec=ZoomTaskSpec(shape_sides=(8, 14)))
+    fingerprints = [r["images"][0] for rows, _, _ in splits.values() for r in rows]
+    assert len(set(fingerprints)) == len(fingerprints) == 7
+    assert all(len(r["messages"]) == 4 for r in splits["sft"][0])
+    assert all(len(r["messages"]) == 1 for r in splits["train"][0])
+    reports = write_zoom_splits(tmp_path, sizes, seed=1, spec=ZoomTaskSpec(shape_sides=(8, 14)))
+    for split, size in sizes.items():
+        assert len(read_parquet(tmp_path / f"{split}.parquet")) == size
+        lines = (tmp_path / f"{split}.quarantine.jsonl").read_text().splitlines()
+        assert len(lines) == reports[split].quarantined == splits[split][2].quarantined
+    stored = read_parquet(tmp_path / "sft.parquet")[0]
+    assert Image.open(io.BytesIO(stored["images"][1])).size == (448, 448)  # the zoom, at the tool's budget
