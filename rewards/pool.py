@@ -232,11 +232,12 @@ class PluginPool:
         elif worker.load_deadline is not None and now > worker.load_deadline:
             self._fail(worker, call, "timeout",
                        f"loading the {self.runner.NOUN} function took over {LOAD_TIMEOUT_S:g} s")
-        elif call is not None and worker.running and min(worker.running.values()) < now:
-            self._fail(worker, call, "timeout", f"did not return within {call.timeout_s:g} s; its worker process was killed")
+        # Memory before the deadline: a call past both is reported for its memory, the cause a user can act on.
         elif (rss_mb := worker.rss_mb()) > self.max_memory_mb:
             self._fail(worker, call, "memory", f"its worker's memory reached {rss_mb:.0f} MB, past "
                                                f"max_memory_mb={self.max_memory_mb:g}; the worker was killed")
+        elif call is not None and worker.running and min(worker.running.values()) < now:
+            self._fail(worker, call, "timeout", f"did not return within {call.timeout_s:g} s; its worker process was killed")
 
     def _on_exit(self, worker: _Worker, call: _Call | None) -> None:
         if worker in self._workers:
