@@ -18,9 +18,10 @@ Sides (``$MMRL_SCALE_SIDES``, default ``mmrl mmrl-lora trl trl-lora``): ``mmrl``
 ``mmrl-lora`` (``actor.lora``: adapters on the language model's linear layers, vision frozen) through one fresh
 actor worker (:class:`~mmrl.workers.hybrid.ActorRolloutRefWorker` without a rollout engine or a reference);
 ``trl`` and ``trl-lora`` (the same adapters through peft) through TRL's ``GRPOTrainer`` in a fresh process.
-Cells (``$MMRL_SCALE_CELLS``, default ``8x64 64x64 8x256``, each M x R). Steps per cell (``$MMRL_SCALE_STEPS``,
-default 1, which includes allocating the optimizer state on both sides): the step time is the median of the
-steps after the first (the first's when there is one); the peak is over all of them.
+Cells (``$MMRL_SCALE_CELLS``, default ``8x64 64x64``, each M x R; ``8x256`` adds the length axis). Each cell
+runs a warm-up step of the same M responses of WARMUP_LENGTH tokens (it allocates the gradients and the AdamW
+state), then ``$MMRL_SCALE_STEPS`` (default 1) measured steps: the step time is their median, the peak is over
+all the steps, so it is the steady state's, with the optimizer state in memory.
 
 Memory is :mod:`mmrl.perf_memory`'s peak over the steps (on CPU the process's peak RSS; CUDA's peak allocated
 memory on a GPU), in GiB, the window opened once the model is loaded. ``state`` is what the weights, the
@@ -56,9 +57,10 @@ from mmrl.protocol import Batch
 from pipelines.cli import Command, parse_command
 
 OUT = Path("outputs/bench_scale")
-CELLS = ((8, 64), (64, 64), (8, 256))  # (responses per micro-batch, tokens per response)
+CELLS = ((8, 64), (64, 64))  # (responses per micro-batch, tokens per response)
 SIDES = ("mmrl", "mmrl-lora", "trl", "trl-lora")
 STEPS = 1
+WARMUP_LENGTH = 4
 KINDS = {"mmrl": ("mmrl", False), "mmrl-lora": ("mmrl", True), "trl": ("trl", False), "trl-lora": ("trl", True)}
 """Each side: (framework, LoRA)."""
 
@@ -81,8 +83,8 @@ class Measure:
 
     @property
     def seconds(self) -> float:
-        """The step time: the median of the steps after the first (the first where there is only one)."""
-        return statistics.median(self.step_s[1:] or self.step_s)
+        """The step time: the median of the measured steps."""
+        return statistics.median(self.step_s)
 
     @property
     def tokens_per_s(self) -> float:
@@ -183,7 +185,7 @@ def side_config(command: Command, side: str, micro: int) -> Config:
 
 
 def prompt_rows(cfg: Config, micro: int, steps: int) -> list[list[dict[str, Any]]]:
-    """Each step's prompt rows: micro / n of them."""
+    """Each step's prompt rows (the warm-up's first): micro / n of them."""
     from mmrl.trainer.dataset import load_rows
 
     n = cfg.rollout.n
@@ -191,19 +193,20 @@ def prompt_rows(cfg: Config, micro: int, steps: int) -> list[list[dict[str, Any]
         raise ValueError(f"bench-scale: a cell of {micro} responses is not a whole number of prompts x rollout.n={n}")
     rows = load_rows(cfg.data.dir, "train")
     per_step = micro // n
-    return [rows[step * per_step:(step + 1) * per_step] for step in range(steps)]
+    return [rows[step * per_step:(step + 1) * per_step] for step in range(1 + steps)]
 
 
 # ---- the sides ----------------------------------------------------------------------------------
 
 
 def run_mmrl(cfg: Config, side: str, micro: int, length: int, steps: int) -> Measure:
-    """One fresh actor worker (no rollout engine, no reference): ``steps`` updates on random responses."""
+    """One fresh actor worker (no rollout engine, no reference): a warm-up update, then ``steps`` updates on
+    random responses."""
     from mmrl.models.loading import load_processor
     from pipelines.bench import spawn, step_peaks
 
     allowed = response_ids(load_processor(cfg.model.path).tokenizer)
-    batches = [mmrl_batch(rows, cfg.rollout.n, length, allowed, cfg.seed + step)
+    batches = [mmrl_batch(rows, cfg.rollout.n, length if step else WARMUP_LENGTH, allowed, cfg.seed + step)
                for step, rows in enumerate(prompt_rows(cfg, micro, steps))]
     group = spawn(cfg)
     try:
@@ -216,7 +219,7 @@ def run_mmrl(cfg: Config, side: str, micro: int, length: int, steps: int) -> Mea
             group.update_actor(batch)
             times.append(time.perf_counter() - start)
             peaks = step_peaks(group, peaks)
-        return Measure(side, micro, length, peaks[0], times)
+        return Measure(side, micro, length, peaks[0], times[1:])
     finally:
         group.shutdown()
 
@@ -248,7 +251,8 @@ def run_trl(cfg: Config, side: str, micro: int, length: int, steps: int, threads
     class FixedResponses(GRPOTrainer):
         def _generate_single_turn(self, prompt_ids: list, *args: Any, **kwargs: Any) -> tuple[list, None]:
             calls[0] += 1
-            ids = random_responses(allowed, len(prompt_ids), length, cfg.seed + calls[0])
+            size = length if calls[0] > 1 else WARMUP_LENGTH
+            ids = random_responses(allowed, len(prompt_ids), size, cfg.seed + calls[0])
             return ids.tolist(), None
 
     class StepTimer(TrainerCallback):
@@ -263,7 +267,7 @@ def run_trl(cfg: Config, side: str, micro: int, length: int, steps: int, threads
 
     args = GRPOConfig(
         output_dir=str(OUT / f"trl-{side}-{micro}x{length}"), use_cpu=True, report_to=[], save_strategy="no",
-        logging_steps=1000, max_steps=steps, learning_rate=cfg.actor.lr, lr_scheduler_type="constant",
+        logging_steps=1000, max_steps=1 + steps, learning_rate=cfg.actor.lr, lr_scheduler_type="constant",
         warmup_steps=0, seed=cfg.seed, per_device_train_batch_size=micro, gradient_accumulation_steps=1,
         num_generations=cfg.rollout.n, max_completion_length=length, temperature=cfg.rollout.temperature,
         beta=0.0, num_iterations=1, remove_unused_columns=False, dataloader_num_workers=0, bf16=False,
@@ -275,9 +279,9 @@ def run_trl(cfg: Config, side: str, micro: int, length: int, steps: int, threads
     cpu = torch.device("cpu")
     reset_peak(cpu, trim=True)
     trainer.train()
-    if len(times) != steps:
-        raise RuntimeError(f"bench-scale: TRL ran {len(times)} steps, expected {steps}")
-    return Measure(side, micro, length, peak_gb(cpu), times)
+    if len(times) != 1 + steps:
+        raise RuntimeError(f"bench-scale: TRL ran {len(times)} steps, expected {1 + steps}")
+    return Measure(side, micro, length, peak_gb(cpu), times[1:])
 
 
 # ---- the table ----------------------------------------------------------------------------------
@@ -379,7 +383,7 @@ def main(argv: list[str] | None = None) -> list[Measure]:
     cells, sides, steps = grid()
     cfg = command.load()
     print(in_fresh_process(build_scale_model, cfg))
-    prompts = max(m for m, _ in cells) // cfg.rollout.n * steps
+    prompts = max(m for m, _ in cells) // cfg.rollout.n * (1 + steps)
     data = command.load(f"data.sizes={{sft: 8, train: {prompts}, val: 8, test: 8}}")
     ensure_inputs(data, rebuild_data=True)
     threads = cfg.resources.threads_per_worker or torch.get_num_threads()

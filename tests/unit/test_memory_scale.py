@@ -110,3 +110,29 @@ def test_the_bound_is_meaningful_the_plain_log_softmax_exceeds_it(policy):
 
     growth = window_gib(lambda: plain(64)) - window_gib(lambda: plain(8))
     assert growth > BOUND_GIB
+
+
+def test_the_gradient_sum_and_clip_hold_no_copy_of_the_gradients():
+    """sum_replicated_grads and clip_grad_norm on a 128 MiB gradient and small ones: each gradient is summed (two
+    ranks holding the same gradient: twice it), the norm is the float64 norm and the clip scales by max / norm,
+    and the peak rises by less than 0.15 GiB (a flat copy of the gradients and float64 squares of the large one
+    would be 0.6 GiB)."""
+    from mmrl.parallel.grads import clip_grad_norm, sum_replicated_grads
+
+    generator = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.zeros(shape)) for shape in [(3, 5), (32 * 2**20,), (7,), (1000, 40)]]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=generator)
+    summed = [2 * p.grad for p in params]
+    norm = float(sum((g.double() ** 2).sum() for g in summed)) ** 0.5
+
+    def sum_and_clip() -> float:
+        sum_replicated_grads(params, lambda t: t.mul_(2))  # in place, as a sum over two equal ranks
+        return clip_grad_norm(params, max_norm=1.0)
+
+    results = []
+    growth = window_gib(lambda: results.append(sum_and_clip()))
+    assert results[0] == pytest.approx(norm, rel=1e-12)
+    for p, expected in zip(params, summed):
+        torch.testing.assert_close(p.grad, expected * (1.0 / (norm + 1e-6)), rtol=1e-6, atol=0)
+    assert growth < 0.15, f"+{growth:.3f} GiB"
