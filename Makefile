@@ -4,6 +4,7 @@
 #   make test            unit + integration tests
 #   make bench           step time, memory and bytes per worker layout; hf vs vllm rollout throughput
 #   make bench-learning  the learning runs (minutes each) that make test leaves out
+#   make bench-scale     peak worker memory and step time at real shapes (V = 151,936), mmrl vs TRL
 #   make rl CONFIG=configs/grpo_image.yaml ARGS="rollout.n=8 actor.lr=1e-4"
 
 PYTHON      ?= python3
@@ -34,10 +35,10 @@ INSTALL := $(PY) -m mmrl.installer
 STAMP := $(VENV)/.mmrl-installed
 STAGE := $(PY) -m pipelines
 
-.PHONY: install model data sft rm rl eval demo bench bench-peer bench-learning test-extra gpu-check test test-unit test-integration ui clean help
+.PHONY: install model data sft rm rl eval demo bench bench-peer bench-scale bench-learning test-extra gpu-check test test-unit test-integration ui clean help
 
 help:
-	@sed -n '1,7p' Makefile
+	@sed -n '1,8p' Makefile
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -84,6 +85,12 @@ bench: bench-peer
 bench-peer: $(STAMP)
 	$(PY) -c "import trl" 2>/dev/null || $(INSTALL) -c constraints.txt $(TRL_SPEC)
 	$(STAGE).bench_peer --config configs/demo.yaml $(ARGS)
+
+# Peak worker memory and step time at Qwen2.5-VL-3B's widths and real vocabulary, 2 + 2 layers deep: mmrl (full,
+# LoRA) against TRL's GRPOTrainer on the same update (installs TRL; grid: MMRL_SCALE_CELLS, MMRL_SCALE_SIDES).
+bench-scale: $(STAMP)
+	$(PY) -c "import trl" 2>/dev/null || $(INSTALL) -c constraints.txt $(TRL_SPEC)
+	$(STAGE).bench_scale --config configs/bench_scale.yaml $(ARGS)
 
 # A short GRPO and PPO run on CUDA with the tiny model, printing step times (needs `make install GPU=1`).
 gpu-check: $(STAMP)

@@ -20,29 +20,60 @@ AllReduce = Callable[[torch.Tensor], torch.Tensor]
 """A sum over the data-parallel ranks: sums the tensor in place and returns it (the identity on one rank)."""
 
 
+BUCKET_BYTES = 64 * 2**20
+"""Replicated gradients are summed in flat buffers of at most this size (a larger gradient alone, in place), so
+the sum holds one bucket more, not a second copy of every gradient."""
+NORM_CHUNK = 1 << 22
+"""Elements squared in float64 at a time by the gradient norm (32 MiB), not a float64 copy of a whole gradient."""
+
+
 def sum_replicated_grads(params: Sequence[nn.Parameter], all_reduce: AllReduce) -> None:
-    """Sum the gradients of replicated ``params`` over ranks (one flat buffer).
+    """Sum the gradients of replicated ``params`` over ranks, in buckets of at most BUCKET_BYTES (every rank
+    forms the same buckets: the parameters, their order and shapes are the same).
 
     A parameter this rank did not use (the vision encoder on a text-only slice) gets a zero gradient
-    first, so that every rank contributes the same buffer.
+    first, so that every rank contributes the same buffers.
     """
-    if not params:
-        return
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    all_reduce(flat)
-    offset = 0
-    for p in params:
-        n = p.grad.numel()
-        p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
-        offset += n
+    for bucket in buckets([p.grad for p in params], BUCKET_BYTES):
+        if len(bucket) == 1 and bucket[0].is_contiguous():
+            all_reduce(bucket[0])  # in place
+            continue
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        all_reduce(flat)
+        offset = 0
+        for g in bucket:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+def buckets(tensors: Sequence[torch.Tensor], max_bytes: int) -> list[list[torch.Tensor]]:
+    """``tensors`` in order, cut into runs of at most ``max_bytes`` (a larger tensor forms a run of its own)."""
+    runs: list[list[torch.Tensor]] = []
+    size = max_bytes
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if size + nbytes > max_bytes:
+            runs.append([])
+            size = 0
+        runs[-1].append(t)
+        size += nbytes
+    return runs
+
+
+def sq_norm(tensor: torch.Tensor) -> torch.Tensor:
+    """The sum of squares of ``tensor``, float64 (a (), on its device), NORM_CHUNK elements at a time."""
+    total = torch.zeros((), dtype=torch.float64, device=tensor.device)
+    for chunk in tensor.detach().reshape(-1).split(NORM_CHUNK):
+        total += chunk.double().pow_(2).sum()
+    return total
 
 
 def _shard_sq_norm(grads: Sequence[DTensor]) -> torch.Tensor:
     """Sum of squares of the full gradients behind DTensor ``grads`` (all on one mesh and placement)."""
-    local = torch.stack([g.to_local().double().pow(2).sum() for g in grads]).sum()
+    local = torch.stack([sq_norm(g.to_local()) for g in grads]).sum()
     mesh = grads[0].device_mesh
     for dim, placement in enumerate(grads[0].placements):
         if placement.is_shard():
@@ -59,7 +90,7 @@ def clip_grad_norm(params: Sequence[nn.Parameter], max_norm: float) -> float:
     sharded = [p.grad for p in params if isinstance(p.grad, DTensor)]
     total = torch.zeros((), dtype=torch.float64)
     for g in plain:
-        total += g.detach().double().pow(2).sum().cpu()
+        total += sq_norm(g).cpu()
     # Grouped in parameter order, which every rank shares, so the collectives line up.
     groups: dict[tuple, list[DTensor]] = {}
     for g in sharded:

@@ -48,14 +48,17 @@ def build_optimizer(
     a cosine decay to ``min_lr_ratio * lr`` (:func:`lr_factor`).
 
     Sharded (DTensor) and plain parameters go in separate groups so the fused per-group kernels never
-    mix the two.
+    mix the two. Fused: the step holds no temporaries, where the defaults hold parameter-sized ones (CPU's
+    per-tensor loop two of the largest tensor, 2.3 GiB for a 151,936 x 2048 embedding; CUDA's foreach one of
+    every tensor).
     """
     from torch.distributed.tensor import DTensor
 
     sharded = [p for p in params if isinstance(p, DTensor)]
     plain = [p for p in params if not isinstance(p, DTensor)]
     groups = [{"params": g} for g in (sharded, plain) if g]
-    optimizer = torch.optim.AdamW(groups or [{"params": []}], lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999))
+    optimizer = torch.optim.AdamW(groups or [{"params": []}], lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999),
+                                  fused=True)
     warmup = max(warmup_steps, 1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, warmup, decay_steps, min_lr_ratio))
