@@ -4,8 +4,9 @@ state resumes bit for bit.
 One 2-rank worker group serves every family (a group start costs about 10 CPU-seconds); the one-rank reference
 runs in the test process, without Ray, on the same worker class. Each family's batch mixes a two-image prompt,
 a video prompt (where the family takes video) and text-only prompts, in micro-batches of 2, so that some
-micro-batches hold no media and a sharded tower runs its dummy pass. The tolerances are those of
-``test_sharding.py`` (same math, another reduction order; Adam's first step magnifies float-noise gradients).
+micro-batches hold no media and a sharded tower runs its dummy pass. Log-probs and metrics are held to
+``test_sharding.py``'s tolerances (the same math in another reduction order); the weights after Adam's first
+step to :func:`first_step_tolerance`, which follows from that step's form.
 """
 
 from __future__ import annotations
