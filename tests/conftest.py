@@ -47,6 +47,26 @@ def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_vlm(task_corpus(Config()), spec, out)
 
 
+# The families' tiny models: head size 32 (vLLM's CPU attention takes it), 64 wide, 2 layers.
+FAMILY_SIZES = ["tiny_model.hidden_size=64", "tiny_model.num_layers=2", "tiny_model.num_heads=2",
+                "tiny_model.num_kv_heads=1", "tiny_model.intermediate_size=128", "tiny_model.vision_hidden_size=32",
+                "tiny_model.vision_heads=2"]
+
+
+@pytest.fixture(scope="session")
+def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One tiny checkpoint per model family, each written by the ``make model`` stage (seconds for all four)."""
+    from mmrl.models.families import FAMILIES
+    from pipelines import model as model_stage
+
+    out = {}
+    for name in FAMILIES:
+        path = tmp_path_factory.mktemp(f"tiny-{name}")
+        model_stage.main(["--config", "", f"model.family={name}", f"model.path={path}", *FAMILY_SIZES])
+        out[name] = path
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("data")

@@ -8,7 +8,6 @@ modules and tokens."""
 from __future__ import annotations
 
 import typing
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,25 +26,9 @@ from mmrl.rollout.base import SamplingParams
 from mmrl.rollout.hf import HFRolloutEngine
 from mmrl.schema import Video
 from mmrl.workers.model_builder import build_model
-from pipelines import model as model_stage
 
 CPU = torch.device("cpu")
 NAMES = list(FAMILIES)
-SIZES = ["tiny_model.hidden_size=64", "tiny_model.num_layers=2", "tiny_model.num_heads=2", "tiny_model.num_kv_heads=1",
-         "tiny_model.intermediate_size=128", "tiny_model.vision_hidden_size=32", "tiny_model.vision_heads=2"]
-
-
-@pytest.fixture(scope="session")
-def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """One tiny checkpoint per family, each written by the ``make model`` stage."""
-    out = {}
-    for name in NAMES:
-        path = tmp_path_factory.mktemp(f"tiny-{name}")
-        model_stage.main(["--config", "", f"model.family={name}", f"model.path={path}", *SIZES])
-        out[name] = path
-    return out
-
-
 @pytest.fixture(scope="module", params=NAMES)
 def loaded(request, family_dirs):
     name = request.param
