@@ -18,19 +18,6 @@ from pipelines.model import task_corpus  # noqa: E402
 
 SIZES = {"sft": 16, "train": 64, "val": 16, "test": 16}
 
-# Tests under these folders start Ray (one session for all of them: 2 cores are all there is).
-RAY_FOLDERS = {"integration", "cluster"}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test` runs ``-n 2 --dist loadgroup``) every test that uses Ray goes to one
-    worker, in file order, in one Ray session; the unit tests run beside them on the other worker, in the
-    time the Ray tests spend waiting (process starts, timeouts)."""
-    for item in items:
-        if RAY_FOLDERS & set(item.path.parts):
-            item.add_marker(pytest.mark.xdist_group("ray"))
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny-model")
