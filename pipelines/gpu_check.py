@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from mlflow.tracking import MlflowClient
 from PIL import Image
 
+from mmrl.answer_format import format_answer
 from mmrl.config import Config
 from mmrl.models.encoding import encode_prompt, vision_token_ids
 from mmrl.models.families import FAMILIES
@@ -120,7 +121,7 @@ def check_checkpointing(cfg: Config, model_dir: str, device: torch.device) -> fl
     image = Image.new("RGB", (56, 56), (200, 30, 30))
     prompts = [encode_prompt(processor, [{"role": "user", "content": "<image>What colour is the shape?"}], [image]),
                encode_prompt(processor, [{"role": "user", "content": "Name a colour."}], [])]
-    answer = processor.tokenizer("<answer>red</answer>", add_special_tokens=False)["input_ids"]
+    answer = processor.tokenizer(format_answer("red"), add_special_tokens=False)["input_ids"]
     responses = torch.tensor([answer, answer])
     mask = torch.ones(responses.shape)
     mask[1, len(answer) // 2:] = 0
