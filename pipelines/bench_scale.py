@@ -326,7 +326,8 @@ def table_rows(results: list[Measure], states: dict[bool, float]) -> list[list[s
         state = states[KINDS[m.side][1]]
         rows.append([f"{m.micro} x {m.length}", m.side, f"{state:.2f}", f"{m.peak_gb:.2f}",
                      f"{m.peak_gb - state:.2f}", f"{m.seconds:.1f}", f"{m.tokens_per_s:.0f}",
-                     f"{m.peak_gb / peer.peak_gb:.2f}" if peer else "", f"{peer.seconds / m.seconds:.2f}x" if peer else ""])
+                     f"{m.peak_gb / peer.peak_gb:.2f}" if peer else "",
+                     f"{peer.seconds / m.seconds:.2f}x" if peer else ""])
     return rows
 
 
