@@ -26,9 +26,10 @@ all the steps, so it is the steady state's, with the optimizer state in memory.
 Memory is :mod:`mmrl.perf_memory`'s peak over the steps (on CPU the process's peak RSS; CUDA's peak allocated
 memory on a GPU), in GiB, the window opened once the model is loaded. ``state`` is what the weights, the
 gradients and AdamW's moments take (counted, not measured): the floor under every side's peak (a loaded
-checkpoint stays mapped from its file until touched, so the memory right after loading says little). The table ends with each side's
-growth from M = 8 to M = 64 at the same R, against one float32 (56, R, V) tensor: what holding the logits of the
-56 extra responses would add. This is a benchmark, not a test: it asserts nothing.
+checkpoint stays mapped from its file until touched, so the memory right after loading says little). The table
+ends with each side's growth from the smallest to the largest M at the same R, against one float32 tensor of the
+extra responses' logits, e.g. (56, 64, V) from 8 to 64 (2.03 GiB). The measures go to
+``outputs/bench_scale/results.json`` as they come. This is a benchmark, not a test: it asserts nothing.
 
     python -m pipelines.bench_scale --config configs/bench_scale.yaml
     MMRL_SCALE_CELLS="8x64 64x64" MMRL_SCALE_SIDES="mmrl trl" python -m pipelines.bench_scale \\
@@ -325,7 +326,8 @@ def table_rows(results: list[Measure], states: dict[bool, float]) -> list[list[s
         state = states[KINDS[m.side][1]]
         rows.append([f"{m.micro} x {m.length}", m.side, f"{state:.2f}", f"{m.peak_gb:.2f}",
                      f"{m.peak_gb - state:.2f}", f"{m.seconds:.1f}", f"{m.tokens_per_s:.0f}",
-                     f"{m.peak_gb / peer.peak_gb:.2f}" if peer else "", f"{peer.seconds / m.seconds:.2f}x" if peer else ""])
+                     f"{m.peak_gb / peer.peak_gb:.2f}" if peer else "",
+                     f"{peer.seconds / m.seconds:.2f}x" if peer else ""])
     return rows
 
 
@@ -399,9 +401,9 @@ def main(argv: list[str] | None = None) -> list[Measure]:
             measure = in_fresh_process(run_trl, side_cfg, side, micro, length, steps, threads)
         results.append(measure)
         tqdm.write(f"{side} {micro}x{length}: peak {measure.peak_gb:.2f} GiB, step {measure.seconds:.1f} s")
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "results.json").write_text(json.dumps([asdict(m) for m in results], indent=1))  # so far
     print_table(results, cfg)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "results.json").write_text(json.dumps([asdict(m) for m in results], indent=1))
     return results
 
 

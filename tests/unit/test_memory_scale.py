@@ -5,6 +5,7 @@ The actor's own update path (:class:`~mmrl.workers.actor.PolicyUpdater` over a o
 Qwen2.5-VL whose vocabulary is padded to the real size; its widths are tiny, so that what could grow with the
 micro-batch is the vocabulary's share (the logits), not the decoder's activations. Memory is the worker's own
 measurement (:mod:`mmrl.perf_memory`: on CPU the peak RSS of the process in a window opened after a trim).
+The gradient sum and clip after the backward hold no copy of the gradients either.
 """
 
 import sys
