@@ -13,7 +13,8 @@ from mmrl.models.loading import load_model, load_processor
 
 @pytest.fixture(scope="session", autouse=True)
 def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False,
+    # address="local": a new instance even when Ray's temp folder names another cluster (a stale file, a user's).
+    ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     yield
     ray.shutdown()
