@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,10 +64,22 @@ def tiny_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def empty_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sqlite MLflow store with its tables and no runs: MLflow's schema migrations cost about 2 s per new
+    store, so each test's private store starts as a copy of this one."""
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()
+    return path
+
+
 @pytest.fixture
-def tiny_config(tiny_model_dir: Path, tiny_data_dir: Path, tmp_path: Path) -> Config:
+def tiny_config(tiny_model_dir: Path, tiny_data_dir: Path, empty_mlflow_db: Path, tmp_path: Path) -> Config:
     """A config pointing at the tiny model and data, with a private MLflow store. Loaded, not resolved: a test
     may change it before the run, whose RLTrainer checks and resolves it (mmrl.run_config.prepare_run_config)."""
+    shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
     return load_config(
         None,
         [
