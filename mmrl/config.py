@@ -201,6 +201,39 @@ class SFTConfig(OptimConfig):
 
 
 @dataclass(kw_only=True)
+class AgentConfig:
+    """Multi-turn rollouts: the policy calls tools between its turns (:mod:`mmrl.agent`)."""
+
+    enabled: bool = False
+    """true: every rollout is an episode of policy and tool turns; false: one policy turn (single-turn)."""
+    tools: list[str] = field(default_factory=lambda: ["zoom_in"])
+    """The tools the policy may call: built-in names (``crop``, ``zoom_in``, ``calculator``), installed plugins
+    (entry-point group ``mmrl.tools``) or ``path/to/file.py:function`` (declared with ``@mmrl.agent.tool``)."""
+    max_turns: int = num(4, ge=1)
+    """Policy turns per episode."""
+    max_tool_calls: int = num(4, ge=1)
+    """Tool calls per episode (a malformed call counts: it gets an error message back)."""
+    max_tokens: int = num(512, ge=1)
+    """Response tokens per episode, the policy's and the tools' (image tokens included)."""
+    max_new_tokens: int = num(0, ge=0)
+    """Tokens per policy turn; 0: ``rollout.max_new_tokens``."""
+    isolation: Literal["process", "inline"] = "process"
+    """process: tools run in worker processes (a tool that hangs, crashes or exhausts memory costs its call an
+    error message); inline: in the rank's thread (trusted tools only)."""
+    num_workers: int = num(2, ge=1)
+    """Tool worker processes per rollout rank."""
+    timeout_s: float = num(10.0, gt=0)
+    """A tool call that takes longer fails (``timeout``); a hung tool costs about one timeout per step."""
+    max_memory_mb: float = num(2048, gt=0)
+    """A tool worker whose resident memory passes this is killed; its call fails (``memory``)."""
+    max_text_chars: int = num(8192, ge=1)
+    max_images: int = num(4, ge=1)
+    """Images one call may return."""
+    max_pixels: int = num(448 * 448, ge=1)
+    """A returned image over this many pixels is shrunk to it (aspect kept)."""
+
+
+@dataclass(kw_only=True)
 class RolloutConfig:
     engine: str = "hf"
     """Generation engine by name (see ``mmrl.rollout.ENGINES``): ``hf`` (transformers generate) or ``vllm``
@@ -239,6 +272,8 @@ class RolloutConfig:
     """vllm: images a prompt may hold (vLLM sizes its multimodal budget from it)."""
     max_videos_per_prompt: int = num(1, ge=0)
     """vllm: videos a prompt may hold."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """Multi-turn episodes with tools (off by default)."""
 
 
 @dataclass(kw_only=True)

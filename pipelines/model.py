@@ -43,7 +43,26 @@ def task_corpus(cfg: Config, rows_per_task: int = 200) -> Iterator[str]:
         for i in range(rows_per_task):
             answer = answers[i % len(answers)]
             yield from [VIDEO_QUESTIONS[task], answer, format_answer(answer)]
+    if cfg.rollout.agent.enabled:
+        yield from agent_corpus(cfg)
     yield from ["user", "assistant", "system"]
+
+
+def agent_corpus(cfg: Config, copies: int = 50) -> Iterator[str]:
+    """An agent run's own texts: its tools' block in the system message and the call format, so that a
+    tokenizer trained for the run spends few tokens on them."""
+    from mmrl.agent.calls import format_call
+    from mmrl.agent.chat import RESPONSE_CLOSE, RESPONSE_OPEN, tools_block
+    from mmrl.agent.executor import ToolExecutor
+    from mmrl.agent.table import build_tool_table
+
+    with ToolExecutor(isolation="inline") as describer:
+        tools = build_tool_table(cfg.rollout.agent.tools, describer).definitions()
+    for _ in range(copies):
+        yield tools_block(tools)
+        for tool in tools:
+            yield format_call(tool["function"]["name"], {})
+        yield RESPONSE_OPEN + RESPONSE_CLOSE
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -55,6 +55,9 @@ class RewardInput:
     model_image_sizes: list = field(default_factory=list)  # per image, (width, height) resized for the model
     response_tokens: int = 0  # length of the response in tokens
     max_response_tokens: int = 0  # the generation limit (0: unknown)
+    # An agent episode (rollout.agent): its turns, its tool calls and their results (texts, PIL images), its
+    # cut; ``response`` is then its final answer. Empty for a single-turn response. See mmrl.agent.rollout.
+    episode: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -71,7 +74,7 @@ class RewardInput:
 
 _FIELD_TYPES: dict[str, type] = {
     "response": str, "ground_truth": str, "data_source": str, "images": list, "videos": list, "extra": dict,
-    "prompt": str, "model_image_sizes": list, "response_tokens": int, "max_response_tokens": int,
+    "prompt": str, "model_image_sizes": list, "response_tokens": int, "max_response_tokens": int, "episode": dict,
 }
 REWARD_KEYWORDS: tuple[str, ...] = tuple(f.name for f in fields(RewardInput))
 _REQUIRED = inspect.Parameter.empty

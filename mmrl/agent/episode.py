@@ -141,6 +141,19 @@ class Episode:
             source_videos=list(prompt.source_videos), template_ids=template, name=prompt.name,
         )
 
+    def scoring_context(self) -> EncodedPrompt:
+        """The prompt for scoring this episode's response (the trainer's passes): the prompt's ids (P,) and
+        media types, then every image's pixels and grids in order (the prompt's, then the tool turns'), and the
+        response's media token types (``response_mm_types``, (R,)). Prompt + response is then the context
+        the policy generated its last turn from, ids, positions and pixels alike."""
+        context = self.context()
+        prompt = self.prompt
+        return EncodedPrompt(
+            input_ids=prompt.input_ids, mm_token_type_ids=prompt.mm_token_type_ids,
+            **{key: getattr(context, key) for key in MEDIA_FIELDS}, name=prompt.name,
+            response_mm_types=self.response()["mm_types"],
+        )
+
     def response(self) -> dict[str, torch.Tensor]:
         """The response's (R,) tensors: ids int64, policy_mask float32 (1 on the policy's tokens, 0 on tools'),
         log_probs float32 (0 on tools' tokens), mm_types int64 (the tool turns' image tokens)."""

@@ -154,13 +154,16 @@ class AgentLoop:
                          model_image_sizes=[list(s) for s in episode.model_image_sizes], limits=self.tool_limits)
 
 
-def response_batch(episodes: Sequence[Episode], pad_id: int) -> dict[str, torch.Tensor]:
-    """The episodes' responses right-padded to the longest: responses (B, R) int64 (pad ``pad_id``),
+def response_batch(episodes: Sequence[Episode], pad_id: int, width: int = 0) -> dict[str, torch.Tensor]:
+    """The episodes' responses right-padded to ``width`` (0: the longest): responses (B, R) int64 (pad ``pad_id``),
     response_mask (B, R) (1 on every response token, tools' included), policy_mask (B, R) (1 on the policy's
     tokens only), rollout_log_probs (B, R) (0 at holes), response_mm_types (B, R) (the tool turns' media tokens),
     prompt_tokens (B,), num_turns (B,) (the policy's), num_tool_calls (B,)."""
     parts = [e.response() for e in episodes]
-    width = max([len(p["ids"]) for p in parts] + [1])
+    longest = max([len(p["ids"]) for p in parts] + [1])
+    if width and longest > width:
+        raise ValueError(f"an episode's response has {longest} tokens, more than the width {width} it is padded to")
+    width = width or longest
 
     def pad(key: str, value: float) -> torch.Tensor:
         return torch.stack([torch.nn.functional.pad(p[key], (0, width - len(p[key])), value=value) for p in parts])

@@ -28,7 +28,8 @@ with the driver), and a missing required field fails in the driver with :meth:`B
 A method that reads the samples' prompt encodings says ``prompts=True``: the WorkerGroup then sends the
 batch's ``prompt`` objects when the caller holds them, and otherwise the prompt's media (``messages``,
 ``images``, ``videos``) only to a rank that does not hold that prompt's encoding yet
-(:mod:`mmrl.workers.prompts`): a prompt's media crosses to a group once per step.
+(:mod:`mmrl.workers.prompts`): a prompt's media crosses to a group once per step. Samples with their own
+scoring context (an agent episode's, held by the rank that generated it) also send its ``context_key``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ PAD_KEY = "is_pad"
 ZEROED_ON_PADDING = ("response_mask", "policy_mask", "advantages")
 # The prompt's media as the driver holds it: what a rank needs to encode a prompt it does not hold yet.
 MEDIA_KEYS = ("messages", "images", "videos")
+# A sample's own scoring context on the rank that generated it (an agent episode's; see mmrl.workers.prompts).
+CONTEXT_KEY = "context_key"
 
 
 class Dispatch(enum.Enum):
@@ -78,7 +81,8 @@ class DispatchSpec:
             return batch
         optional = self.optional
         if self.prompts:
-            optional = (*optional, "uid", "prompt") if "prompt" in batch.objects else (*optional, "uid", *MEDIA_KEYS)
+            held = ("prompt",) if "prompt" in batch.objects else MEDIA_KEYS
+            optional = (*optional, "uid", CONTEXT_KEY, *held)
         return batch.select_fields(*self.fields, optional=optional)
 
 

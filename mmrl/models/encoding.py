@@ -53,6 +53,10 @@ class EncodedPrompt:
     itself (vLLM). They exist only in the process that encoded the prompt: pickling drops them, because the
     processed pixels are what the trainer needs and what travels. ``name`` identifies the prompt in error
     messages (its row id).
+
+    ``response_mm_types`` (R,) int64, set only on one sample's own context (an agent episode's prompt with the
+    media of its tool turns appended, :meth:`mmrl.agent.episode.Episode.scoring_context`): the media token
+    types of that sample's response, whose tool turns hold image tokens. None: a response of text only.
     """
 
     input_ids: torch.Tensor
@@ -66,6 +70,7 @@ class EncodedPrompt:
     source_videos: list[Video] = field(default_factory=list)
     template_ids: list[int] = field(default_factory=list)
     name: str = ""
+    response_mm_types: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -143,7 +148,8 @@ def collate(
     :func:`shared_keys` give their grids and, for every image / video of the batch, which distinct one it is
     (the grids themselves stay per sample: the 3-D positions need them). Only
     :func:`mmrl.models.forward.encode_media` reads that form; ``model(**inputs)`` does not.
-    responses: (B, R) int64 or None; response_mask: (B, R), 1 on real response tokens.
+    responses: (B, R) int64 or None; response_mask: (B, R), 1 on real response tokens. A prompt with
+    ``response_mm_types`` gives its row's response part those media token types (the first R of them).
     Returns model kwargs: input_ids (B, P+R), attention_mask (B, P+R), mm_token_type_ids (B, P+R), and
     each media field of :data:`MEDIA_FIELDS` that any prompt has, concatenated in sample order.
     """
@@ -162,7 +168,7 @@ def collate(
             raise ValueError("collate: responses need a response_mask")
         input_ids = torch.cat([input_ids, responses.long()], dim=1)
         attention = torch.cat([attention, response_mask.long()], dim=1)
-        mm_types = torch.cat([mm_types, torch.zeros_like(responses, dtype=torch.long)], dim=1)
+        mm_types = torch.cat([mm_types, response_media_types(prompts, responses.shape[1])], dim=1)
     batch = {"input_ids": input_ids, "attention_mask": attention, "mm_token_type_ids": mm_types}
     for key in MEDIA_FIELDS:
         present = [getattr(p, key) for p in prompts if getattr(p, key) is not None]
@@ -171,6 +177,17 @@ def collate(
     if share_media:
         batch.update(_distinct_media(prompts))
     return batch
+
+
+def response_media_types(prompts: Sequence[EncodedPrompt], width: int) -> torch.Tensor:
+    """(B, width) int64: each row's response media token types (0 text; a context's
+    ``response_mm_types`` where it has them), cut or zero-padded to ``width``."""
+    types = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        if prompt.response_mm_types is not None:
+            known = prompt.response_mm_types[:width]
+            types[row, : len(known)] = known
+    return types
 
 
 def _distinct_media(prompts: Sequence[EncodedPrompt]) -> dict[str, torch.Tensor]:

@@ -136,5 +136,8 @@ def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def worth_packing(prompts: Sequence[EncodedPrompt]) -> bool:
-    """Packing pays only when some prompt repeats in the micro-batch."""
+    """Packing pays only when some prompt repeats in the micro-batch. A response holding media (an agent
+    episode's tool images) is never packed: its positions are the family's, not consecutive ones."""
+    if any(p.response_mm_types is not None and bool(p.response_mm_types.any()) for p in prompts):
+        return False
     return len({id(p) for p in prompts}) < len(prompts)

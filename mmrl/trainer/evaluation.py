@@ -47,10 +47,11 @@ def evaluate(generate: GenerateFn, rows: list[dict[str, Any]], verify: VerifyFn,
         prompts = rows_to_batch(rows[start : start + batch_size])
         out = generate(prompts, params)
         scores = verify(prompts.union(out.select_fields("response_text"))).tolist()
+        episodes = out["episode"] if "episode" in out.objects else [None] * len(out)
         for i, (text, score) in enumerate(zip(out["response_text"], scores)):
             correct[prompts["data_source"][i]].append(score)
             if len(samples) < num_samples:
-                samples.append(_sample_row(prompts, i, text, score))
+                samples.append(_sample_row(prompts, i, text, score) | {"episode": episodes[i]})
     every = [s for scores in correct.values() for s in scores]
     accuracy = {source: sum(s) / len(s) for source, s in correct.items()}
     accuracy["all"] = sum(every) / max(len(every), 1)
@@ -78,14 +79,38 @@ def samples_table(samples: list[dict[str, Any]]) -> dict[str, list[Any]]:
     return {k: [s[k] for s in samples] for k in keys}
 
 
+def _img(png: bytes, width: int = 112) -> str:
+    return f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}" width="{width}">' if png else ""
+
+
+def episode_html(episode: dict[str, Any]) -> str:
+    """An agent episode's turns in order: the policy's texts, and under each tool turn its calls (the tool, its
+    arguments or the call's error, the result's text and images), then the cut if a budget ended it."""
+    parts = []
+    for turn in episode["turns"]:
+        if turn["role"] == "assistant":
+            parts.append(f"<div><b>policy</b> <code>{html.escape(turn['text'])}</code></div>")
+            continue
+        for call in (episode["calls"][i] for i in turn["calls"]):
+            what = html.escape(f"{call['name']}({call['arguments']})" if "arguments" in call
+                               else f"{call['name'] or '?'}: malformed call ({call['error']})")
+            failed = f" <i>failed: {html.escape(call['failure'])}</i>" if call["failure"] else ""
+            images = "".join(_img(png, 96) for png in call["images"])
+            parts.append(f"<div><b>tool</b> {what}{failed}<br><code>{html.escape(call['text'])}</code>{images}</div>")
+    if episode["cut"]:
+        parts.append(f"<div><i>cut by {html.escape(episode['cut'])}</i></div>")
+    return "".join(parts)
+
+
 def samples_html(samples: list[dict[str, Any]], title: str) -> str:
-    """An HTML table of sample rollouts with their images inlined."""
+    """An HTML table of sample rollouts with their images inlined (an agent episode: every turn, each call and
+    the images its tools returned)."""
     rows = []
     for s in samples:
-        img = base64.b64encode(s["image_png"]).decode() if s["image_png"] else ""
-        cell = f'<img src="data:image/png;base64,{img}" width="112">' if img else ""
+        episode = s.get("episode")
+        response = episode_html(episode) if episode else f"<code>{html.escape(s['response'])}</code>"
         rows.append(
-            f"<tr><td>{cell}</td><td>{html.escape(s['prompt'])}</td><td><code>{html.escape(s['response'])}</code>"
+            f"<tr><td>{_img(s['image_png'])}</td><td>{html.escape(s['prompt'])}</td><td>{response}"
             f"</td><td>{html.escape(s['answer'])}</td><td>{s['reward']:.2f}</td></tr>"
         )
     head = "<tr><th>image</th><th>prompt</th><th>response</th><th>answer</th><th>reward</th></tr>"

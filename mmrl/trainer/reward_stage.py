@@ -184,6 +184,7 @@ def reward_inputs(batch: Batch, max_response_tokens: int = 0, patch_size: int = 
     else:
         grids = [getattr(p, "image_grid_thw", None) for p in batch["prompt"]] if "prompt" in batch.objects else [None] * count
     lengths = batch["response_mask"].sum(-1).long().tolist() if "response_mask" in batch.tensors else [0] * count
+    episodes = batch["episode"] if "episode" in batch.objects else [None] * count
     decoded: dict[int, list[Image.Image]] = {}
     clips: dict[int, list[Video]] = {}
     inputs = []
@@ -198,6 +199,15 @@ def reward_inputs(batch: Batch, max_response_tokens: int = 0, patch_size: int = 
             response=batch["response_text"][i], ground_truth=batch["answer"][i], data_source=batch["data_source"][i],
             images=decoded[id(images)], videos=clips[id(stored)], extra=batch["extra"][i],
             prompt=prompt_text(messages[i]), model_image_sizes=sizes, response_tokens=int(lengths[i]),
-            max_response_tokens=max_response_tokens,
+            max_response_tokens=max_response_tokens, episode=readable_episode(episodes[i]),
         ))
     return inputs
+
+
+def readable_episode(record: dict | None) -> dict:
+    """An agent episode's record (:func:`mmrl.agent.rollout.episode_record`) with its tools' images decoded
+    (PIL); {} for a single-turn sample."""
+    if not record:
+        return {}
+    calls = [{**call, "images": [decode_image(b) for b in call["images"]]} for call in record["calls"]]
+    return {**record, "calls": calls}

@@ -22,6 +22,7 @@ from typing import Iterator, Literal
 
 import torch
 
+from mmrl.agent.rollout import agent_metrics, check_agent_run
 from mmrl.algos import RolloutContext, build_algorithm, needs_reference
 from mmrl.algos.kl_control import build_kl_controller, kl_in_reward
 from mmrl.config import Config
@@ -69,6 +70,7 @@ class RLTrainer:
         self.cfg = cfg = prepare_run_config(cfg)  # checked; a resolved copy (equal to cfg if cfg was resolved)
         self.checkpoint = checkpoint or cfg.trainer.init
         check_checkpoint(self.checkpoint, "trainer.init")  # before any worker starts
+        check_agent_run(cfg)
         self.algorithm = build_algorithm(cfg)
         self.with_reference = needs_reference(cfg)
         self.old_log_probs = old_log_prob_source(cfg)
@@ -84,7 +86,9 @@ class RLTrainer:
         if reward.model.path:
             check_same_tokenizer(self.checkpoint, reward.model.path)
         # One per run: its reward worker processes outlive a recovery's new worker groups.
-        self.reward = RewardStage(reward, max_response_tokens=cfg.rollout.max_new_tokens, patch_size=patch_size)
+        agent = cfg.rollout.agent
+        longest = agent.max_tokens if agent.enabled else cfg.rollout.max_new_tokens  # an episode's: all its turns
+        self.reward = RewardStage(reward, max_response_tokens=longest, patch_size=patch_size)
         self.train_rows = load_rows(cfg.data.dir, "train")
         self.val_rows = load_rows(cfg.data.dir, "val", limit=cfg.trainer.val_size)
         self.checkpoints = CheckpointManager(cfg.trainer.out_dir, cfg.trainer.keep_last)
@@ -122,6 +126,7 @@ class RLTrainer:
         group = dict(threads=threads, device=res.device, timeout_s=timeout)
         self.workers = WorkerGroup(self.actor_worker, pool, share=1.0 / colocated, **group)
         self.workers.init_model(cfg, self.checkpoint, self.with_reference)
+        self.tool_names = self.workers.tool_names() if cfg.rollout.agent.enabled else []
         self.groups: dict[str, WorkerGroup] = {}
         for name, worker, placement, path in extra:
             own = placement == "separate"
@@ -208,6 +213,8 @@ class RLTrainer:
             metrics |= self.update(batch)
             syncs += self.sync_weights(wake=False)
         metrics |= step_metrics(batch) | value_metrics(batch) | {"rollout/weight_syncs": float(syncs)}
+        if self.cfg.rollout.agent.enabled:
+            metrics |= agent_metrics(batch, self.tool_names)
         metrics |= self.memory_metrics(metrics)
         return metrics | timing_metrics(batch, self.timing, self.workers.world_size)
 

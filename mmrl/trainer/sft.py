@@ -3,6 +3,10 @@
 Runs in-process (no Ray): it is a short, single-rank job. It builds inputs through the same encoding
 path and log-prob function as RL, with the answer in the trained format
 (:func:`mmrl.answer_format.format_answer`) followed by the end-of-turn token as the "response".
+
+With ``rollout.agent.enabled`` every prompt carries the tools in its system message, as in RL, and a row that
+holds a demonstrated episode (assistant calls, tool turns, the answer: :mod:`mmrl.agent.demonstrations`) is
+trained on its assistant turns only; its tool turns are context.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from mmrl.models.loading import grid_pixels, load_processor, save_checkpoint
 from mmrl.models.logprobs import response_logprobs
 from mmrl.protocol import Batch
 from mmrl.rollout import RolloutEngine, SamplingParams, build_rollout_engine
-from mmrl.rollout.samples import encode_rows, generate_samples
+from mmrl.rollout.samples import encode_row, encode_rows, generate_samples
 from mmrl.tracking import Tracker
 from mmrl.trainer.dataset import load_rows, rows_to_batch
 from mmrl.trainer.evaluation import evaluate
@@ -46,6 +50,35 @@ def pad_targets(targets: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor,
     return ids, mask
 
 
+def agent_examples(processor: Any, cfg: Config, rows: list[dict[str, Any]]
+                   ) -> list[tuple[EncodedPrompt, torch.Tensor, torch.Tensor]]:
+    """The SFT examples of an agent run: a demonstration row's episode (its assistant turns trained), any other
+    row's prompt with the tools in its system message and its answer as the target."""
+    from mmrl.agent.chat import ChatFormat
+    from mmrl.agent.demonstrations import encode_demonstration, is_demonstration
+    from mmrl.agent.executor import ToolExecutor
+    from mmrl.agent.table import build_tool_table
+    from mmrl.schema import decode_image
+
+    chat = ChatFormat(processor)
+    with ToolExecutor(isolation="inline") as describer:  # the tools' schemas only: nothing is called
+        tools = build_tool_table(cfg.rollout.agent.tools, describer).definitions()
+    examples = []
+    for row in rows:
+        images = [decode_image(b) for b in row["images"]]
+        name = str(row["id"])
+        if is_demonstration(row["messages"]):
+            episode = encode_demonstration(chat, tools, row["messages"], images, name)
+            response = episode.response()
+            examples.append((episode.scoring_context(), response["ids"], response["policy_mask"]))
+        else:
+            messages = chat.with_tools(chat.in_format(row["messages"]), tools)
+            target = target_ids(processor.tokenizer, row["answer"])
+            prompt = encode_row(processor, messages, row["images"], row.get("videos"), name)
+            examples.append((prompt, target, torch.ones(len(target))))
+    return examples
+
+
 class SFTTrainer:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -57,25 +90,33 @@ class SFTTrainer:
         self.policy = self.layout.root
         self.model = self.policy.model  # the Hugging Face model inside
         self.engine: RolloutEngine | None = None
+        self.agent = None  # the agent loop of the evaluation (rollout.agent), built with the engine
         self.tokenizer = self.processor.tokenizer
         self.banned = vision_token_ids(self.processor)
         rows = load_rows(cfg.data.dir, cfg.sft.split)
-        self.prompts: list[EncodedPrompt] = encode_rows(self.processor, rows_to_batch(rows))
-        self.targets = [target_ids(self.tokenizer, r["answer"]) for r in rows]
+        # Per example: its prompt (a demonstration's scoring context), the target ids (T,) and which of them
+        # are trained on (T,) (a demonstration's tool turns are not).
+        self.examples: list[tuple[EncodedPrompt, torch.Tensor, torch.Tensor]] = (
+            agent_examples(self.processor, cfg, rows) if cfg.rollout.agent.enabled else
+            [(p, t, torch.ones(len(t))) for p, t in zip(encode_rows(self.processor, rows_to_batch(rows)),
+                                                        (target_ids(self.tokenizer, r["answer"]) for r in rows))])
 
     def loss(self, indices: list[int]) -> torch.Tensor:
-        """Mean negative log-likelihood of the target tokens of the chosen examples."""
-        ids, mask = pad_targets([self.targets[i] for i in indices], self.tokenizer.pad_token_id)
+        """Mean negative log-likelihood of the trained target tokens of the chosen examples."""
+        chosen = [self.examples[i] for i in indices]
+        ids, mask = pad_targets([t for _, t, _ in chosen], self.tokenizer.pad_token_id)
+        trained, _ = pad_targets([m for _, _, m in chosen], 0)
+        trained = trained * mask
         logp, _ = response_logprobs(
-            self.policy, [self.prompts[i] for i in indices], ids, mask,
+            self.policy, [p for p, _, _ in chosen], ids, mask,
             pad_token_id=self.tokenizer.pad_token_id, banned_ids=self.banned, temperature=1.0, device=self.device,
-            chunk_tokens=self.cfg.actor.logprob_chunk_tokens,
+            chunk_tokens=self.cfg.actor.logprob_chunk_tokens, policy_mask=trained,
         )
-        return -(logp.sum() / mask.to(self.device).sum())
+        return -(logp.sum() / trained.to(self.device).sum())
 
     def train(self, tracker: Tracker) -> None:
         self.model.train()
-        train_steps("sft", self.cfg.sft, self.layout.trainable(), len(self.targets), self.cfg.seed,
+        train_steps("sft", self.cfg.sft, self.layout.trainable(), len(self.examples), self.cfg.seed,
                     lambda indices: (self.loss(indices), {}), tracker)
 
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
@@ -84,7 +125,19 @@ class SFTTrainer:
             self.engine = build_rollout_engine(self.cfg, checkpoint=self.init, processor=self.processor,
                                                device=self.device, policy=self.model)
         self.engine.update_weights(self.model.named_parameters())
-        return generate_samples(self.engine, self.processor, prompts, params)
+        if not self.cfg.rollout.agent.enabled:
+            return generate_samples(self.engine, self.processor, prompts, params)
+        if self.agent is None:
+            from mmrl.agent.rollout import AgentRollout
+
+            self.agent = AgentRollout(self.cfg.rollout.agent, self.processor, self.engine, params.max_new_tokens)
+        prompts = Batch(tensors=prompts.tensors, meta=prompts.meta, objects={
+            **prompts.objects, "messages": [self.agent.messages(m) for m in prompts["messages"]]})
+        return self.agent.sample(encode_rows(self.processor, prompts), params, version=0)[0]
+
+    def close(self) -> None:
+        if self.agent is not None:
+            self.agent.close()
 
 
 def run_sft(cfg: Config) -> dict[str, Any]:
@@ -106,6 +159,7 @@ def run_sft(cfg: Config) -> dict[str, Any]:
         tracker.finish("FAILED")
         raise
     finally:
+        trainer.close()
         if trainer.engine is not None:
             trainer.engine.shutdown()
     print(f"sft: {val.summary()} -> {path}")

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from mmrl.agent.rollout import AgentRollout
 from mmrl.algos import ALGORITHMS, needs_reference, policy_loss
 from mmrl.budget import (MicroBatching, ModelDims, memory_at_hand, score_batching, sharers, training_state_bytes,
                          update_batching)
@@ -78,6 +79,7 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         self.rollout: RolloutEngine | None = None
         self.version = 0  # of the actor's weights: +1 per update
         self.engine_version: int | None = 0  # of the engine's weights (loaded from the same checkpoint); None: freed
+        self.agent: AgentRollout | None = None
         self.prompt_cache = PromptCache(self.processor)
         if with_rollout:
             # An hf engine runs on a replicated actor's own module, but not on one with LoRA adapters: it holds
@@ -88,6 +90,9 @@ class ActorRolloutRefWorker(CheckpointedWorker):
                 memory_bytes=self.memory_for_passes(),
             )
             self.release_engine()
+            if cfg.rollout.agent.enabled:
+                self.agent = AgentRollout(cfg.rollout.agent, self.processor, self.rollout, cfg.rollout.max_new_tokens)
+                self.prompt_cache.prepare = self.agent.messages
         self.batching = self.size_batches()
         tokenizer = self.processor.tokenizer
         self.spec = LogProbSpec(
@@ -175,11 +180,38 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         self.sync_weights(wake=True)  # a no-op after the driver's update_weights stage
         real = int((~prompts["is_pad"]).sum()) if "is_pad" in prompts.tensors else len(prompts)
         real = real or len(prompts)  # a rank with only padding still returns rows of the right shape
-        out = sample_encoded(self.engine(), encoded[:real], params, self.version, with_prompts=return_prompts)
+        if self.agent is not None:
+            out = self.episodes(encoded[:real], params, keep, return_prompts)
+        else:
+            out = sample_encoded(self.engine(), encoded[:real], params, self.version, with_prompts=return_prompts)
         if real == len(prompts):
             return out
         last = list(range((real - 1) * params.n, real * params.n))
         return out.select([*range(len(out)), *last * (len(prompts) - real)])
+
+    def episodes(self, encoded: list, params: SamplingParams, keep: bool, return_prompts: bool) -> Batch:
+        """The agent's samples for these prompts; with ``keep`` the rank holds each sample's scoring context
+        under its ``context_key`` (``<prompt uid>#<serial>``: unique on the rank, whatever rounds the step
+        takes) for the step's later calls."""
+        out, contexts = self.agent.sample(encoded, params, self.version)
+        first = len(self.prompt_cache)
+        keys = [f"{e.name}#{first + i}" for i, e in enumerate(e for e in encoded for _ in range(params.n))]
+        if keep:
+            self.prompt_cache.hold(keys, contexts)
+            out.objects["context_key"] = keys
+        if return_prompts:
+            out.objects["prompt"] = contexts
+        return out
+
+    @register(Dispatch.RANK_ZERO)
+    def tool_names(self) -> list[str]:
+        """The agent's tools by the names the policy calls them (none without ``rollout.agent``)."""
+        return list(self.agent.table.names) if self.agent is not None else []
+
+    def close(self) -> None:
+        """End the tool worker processes (the host calls this before it drops the worker)."""
+        if self.agent is not None:
+            self.agent.close()
 
     @register(Dispatch.DP_COMPUTE, fields=("messages", "images"), prompts=True)
     def generate(self, prompts: Batch, params: SamplingParams, return_prompts: bool = False) -> Batch:

@@ -6,15 +6,20 @@ once per step: the rank that first receives them encodes the prompt through the 
 samples' uids, token ids, masks and scalars. The WorkerGroup keeps each group on the rank that holds it
 (:mod:`mmrl.controller.dispatch`) and tells the ranks when a step starts (``forget_prompts``).
 
+A sample may have its own scoring context (an agent episode's prompt with the media its tools returned,
+:meth:`mmrl.agent.episode.Episode.scoring_context`): the rank that generated the sample holds it under the
+sample's ``context_key`` (:meth:`PromptCache.hold`), and the step's later calls find it by that key.
+
 A Batch that carries its own ``prompt`` objects (encodings built by the caller, as in tests and
 benchmarks) is used as it is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from mmrl.controller.dispatch import MEDIA_KEYS
+from mmrl.controller.dispatch import CONTEXT_KEY, MEDIA_KEYS
 from mmrl.models.encoding import EncodedPrompt
 from mmrl.protocol import Batch
 from mmrl.rollout.samples import encode_row
@@ -24,10 +29,15 @@ SCORED = ("responses", "response_mask")
 
 
 class PromptCache:
-    """This rank's encodings of the current step's prompts, by uid."""
+    """This rank's encodings of the current step's prompts, by uid (and samples' own contexts, by key).
 
-    def __init__(self, processor: Any) -> None:
+    ``prepare``: what a data row's messages become before they are encoded (the agent's tools in the system
+    message); None: encoded as they are.
+    """
+
+    def __init__(self, processor: Any, prepare: Callable[[list[dict]], list[dict]] | None = None) -> None:
         self.processor = processor
+        self.prepare = prepare
         self.by_uid: dict[str, EncodedPrompt] = {}
 
     def __len__(self) -> int:
@@ -35,6 +45,10 @@ class PromptCache:
 
     def clear(self) -> None:
         self.by_uid.clear()
+
+    def hold(self, keys: Sequence[str], contexts: Sequence[EncodedPrompt]) -> None:
+        """Keep samples' own scoring contexts for the step's later calls, each under its ``context_key``."""
+        self.by_uid.update(zip(keys, contexts, strict=True))
 
     def attach(self, batch: Batch, keep: bool = True) -> Batch:
         """``batch`` with a ``prompt`` object per row (the same object for every row of one uid) in place of
@@ -47,19 +61,27 @@ class PromptCache:
                           meta=batch.meta)
             keep = False
         media = {key: batch.objects.get(key) for key in MEDIA_KEYS}
+        contexts = batch.objects.get(CONTEXT_KEY) or [None] * len(batch)
         fresh: dict[str, EncodedPrompt] = {}
         encodings = []
         for row, uid in enumerate(batch["uid"]):
+            if contexts[row] is not None:
+                if contexts[row] not in self.by_uid:
+                    raise KeyError(f"sample {contexts[row]!r} (prompt {uid!r}) has its own context, and it is not held "
+                                   "on this rank (only the rank that generated a sample holds it)")
+                encodings.append(self.by_uid[contexts[row]])
+                continue
             prompt = self.by_uid.get(uid) or fresh.get(uid)
             if prompt is None:
                 if media["messages"] is None or media["messages"][row] is None:
                     raise KeyError(f"prompt {uid!r} is not held on this rank and its media did not come with the "
                                    "call (the WorkerGroup sends them to the rank that first gets the group)")
                 videos = media["videos"][row] if media["videos"] is not None else []
-                prompt = fresh[uid] = encode_row(self.processor, media["messages"][row], media["images"][row],
-                                                 videos, uid)
+                messages = media["messages"][row]
+                messages = self.prepare(messages) if self.prepare is not None else messages
+                prompt = fresh[uid] = encode_row(self.processor, messages, media["images"][row], videos, uid)
             encodings.append(prompt)
         if keep:
             self.by_uid.update(fresh)
-        objects = {k: v for k, v in batch.objects.items() if k not in MEDIA_KEYS}
+        objects = {k: v for k, v in batch.objects.items() if k not in (*MEDIA_KEYS, CONTEXT_KEY)}
         return Batch(tensors=batch.tensors, objects={**objects, "prompt": encodings}, meta=batch.meta)

@@ -3,6 +3,7 @@
 import copy
 from pathlib import Path
 
+import pytest
 import ray
 from mlflow.tracking import MlflowClient
 
@@ -35,6 +36,7 @@ def test_the_two_ranks_land_on_different_nodes(two_nodes):
     assert sorted(nodes) == sorted([head, second_node])
 
 
+@pytest.mark.extra  # test_recovery.py kills and recovers on one node; `make test-extra` runs this one
 def test_grpo_on_two_nodes_recovers_from_a_kill_on_the_second_node(two_nodes, tiny_config, tmp_path,
                                                                     run_with_a_kill):
     cluster, second_node = two_nodes

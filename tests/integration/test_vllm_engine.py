@@ -60,10 +60,15 @@ def engine_group(cfg, model_dir, engine: str, workers: int = 1, llm: str = "repl
 
 @pytest.fixture(scope="module")
 def vllm_group(vllm_model_dir, tiny_data_dir):
+    """One vLLM worker for the module's tests; its shutdown ends its process and every child vLLM started."""
     base = load_config(None, [f"data.dir={tiny_data_dir}", "rollout.n=4", "actor.num_mini_batches=2"])
     cfg, group = engine_group(base, vllm_model_dir, "vllm")
     yield cfg, group
+    pid = group.pid()[0]
+    children = psutil.Process(pid).children(recursive=True)
     group.shutdown()
+    psutil.wait_procs([psutil.Process(pid)] + children if psutil.pid_exists(pid) else children, timeout=30)
+    assert not psutil.pid_exists(pid) and not any(c.is_running() for c in children)
 
 
 def greedy(group, prompts, tokens=8):
@@ -140,25 +145,21 @@ def test_a_weight_update_reaches_vllm_and_no_stale_cache_is_reused(vllm_group, t
     assert after == hf_greedy(state, vllm_model_dir, prompts)
 
 
-def test_a_too_long_prompt_fails_before_generation_naming_it(tiny_config, vllm_model_dir, tiny_data_dir):
-    """The longest prompt (two images) is one token over the limit: one clear error that names it."""
+def test_a_too_long_prompt_fails_before_generation_naming_it(vllm_group, vllm_model_dir, tiny_data_dir):
+    """The longest prompt (two images) is one token over the limit: one clear error that names it, and the
+    engine serves the next call."""
     from mmrl.rollout.samples import encode_rows
 
+    _, group = vllm_group
     prompts = mixed_prompts(tiny_data_dir)
     lengths = [len(p) for p in encode_rows(load_processor(vllm_model_dir), prompts)]
     assert lengths[2] == max(lengths) > sorted(lengths)[-2]
-    tiny_config.rollout.max_model_len = lengths[2] + 8 - 1
-    cfg, group = engine_group(tiny_config, vllm_model_dir, "vllm")
-    try:
-        with pytest.raises(ValueError, match=rf"prompt two-images has {lengths[2]} tokens .* rollout.max_new_tokens=8 "
-                                             rf"it exceeds the engine's limit of {lengths[2] + 7}"):
-            greedy(group, prompts)
-        pid = group.pid()[0]
-        children = psutil.Process(pid).children(recursive=True)
-    finally:
-        group.shutdown()
-    psutil.wait_procs([psutil.Process(pid)] + children if psutil.pid_exists(pid) else children, timeout=30)
-    assert not psutil.pid_exists(pid) and not any(c.is_running() for c in children)
+    limit = int(load_model(vllm_model_dir).config.text_config.max_position_embeddings)
+    tokens = limit - lengths[2] + 1
+    with pytest.raises(ValueError, match=rf"prompt two-images has {lengths[2]} tokens .* rollout.max_new_tokens="
+                                         rf"{tokens} it exceeds the engine's limit of {limit}"):
+        greedy(group, prompts, tokens=tokens)
+    assert len(greedy(group, prompts, tokens=2)) == 3
 
 
 def test_vllm_receives_weights_gathered_from_fsdp_shards(tiny_config, vllm_model_dir, tiny_data_dir):
@@ -215,6 +216,7 @@ def test_no_engine_emits_a_vision_token_even_when_the_model_wants_to(engine, tin
     assert emitted and not emitted & set(vision_token_ids(processor))
 
 
+@pytest.mark.extra  # the same engine code as the policy's (greedy == hf above); `make test-extra`
 def test_a_judge_on_vllm_answers_like_a_judge_on_hf(tiny_config, vllm_model_dir, tiny_data_dir):
     """reward.judge.engine=vllm: the judge's questions (the prompts' images plus the template) get the same
     greedy answers, and so the same verdicts, as through the hf engine."""

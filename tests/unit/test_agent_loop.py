@@ -29,6 +29,7 @@ from mmrl.agent.worker import ToolInput
 from mmrl.models.encoding import collate, encode_prompt, vision_token_ids
 from mmrl.models.forward import PolicyForward
 from mmrl.models.loading import load_model, load_processor
+from mmrl.models.logprobs import response_logprobs
 from mmrl.models.scoring import Scoring
 from mmrl.rollout.base import SamplingParams
 from mmrl.rollout.hf import HFRolloutEngine
@@ -122,6 +123,33 @@ def test_episodes_log_probs_equal_a_training_forward_over_the_whole_episode(part
             logp, _ = policy(inputs, response["ids"][None], scored, scoring)
         at = response["policy_mask"] > 0
         assert torch.allclose(logp[0][at], response["log_probs"][at], atol=1e-4), episode.prompt.name
+
+
+def test_the_trainer_s_batched_scoring_of_episodes_gives_the_rollout_s_log_probs(parts) -> None:
+    """The worker's path: a ragged batch of episodes (response_batch) scored against their scoring contexts
+    (the prompt plus the tool turns' media) by response_logprobs, unpacked and with prompt sharing asked for."""
+    model, processor, _, _, _ = parts
+    set_end_of_turn(model, processor, 1.0)
+    torch.manual_seed(1)
+    limits = EpisodeLimits(max_turns=3, max_tool_calls=4, max_tokens=600, max_new_tokens=12)
+    episodes, _ = loop(parts, limits).run(prompts(processor), SamplingParams(n=2, temperature=1.0, max_new_tokens=12))
+    assert any(not t.policy for e in episodes for t in e.turns)  # tool turns with images in some responses
+    batch = response_batch(episodes, processor.tokenizer.pad_token_id)
+    contexts = [e.scoring_context() for e in episodes]
+    for episode, context in zip(episodes, contexts):  # prompt + response is the episode's whole context
+        whole = episode.context()
+        assert torch.equal(torch.cat([context.input_ids, episode.response()["ids"]]), whole.input_ids)
+        assert torch.equal(torch.cat([context.mm_token_type_ids, context.response_mm_types]), whole.mm_token_type_ids)
+        assert torch.equal(context.image_grid_thw, whole.image_grid_thw)
+    for share in (False, True):
+        with torch.no_grad():
+            logp, _ = response_logprobs(
+                PolicyForward(model), contexts, batch["responses"], batch["response_mask"],
+                pad_token_id=processor.tokenizer.pad_token_id, banned_ids=vision_token_ids(processor),
+                temperature=1.0, device=CPU, share_prompt=share, policy_mask=batch["policy_mask"])
+        at = batch["policy_mask"] > 0
+        assert torch.allclose(logp[at], batch["rollout_log_probs"][at], atol=1e-4), share
+        assert bool((logp[~at] == 0).all())
 
 
 def run_scripted(parts, limits: EpisodeLimits, scale: float = 6.0, **kwargs) -> list[Episode]:

@@ -195,7 +195,8 @@ def test_call_reward_fn_passes_all_keywords_to_var_kwargs() -> None:
 
     call_reward_fn(fn, inp("resp", "truth", data_source="src"))
     expected = {"response": "resp", "ground_truth": "truth", "data_source": "src", "images": [], "videos": [],
-                "extra": {}, "prompt": "", "model_image_sizes": [], "response_tokens": 0, "max_response_tokens": 0}
+                "extra": {}, "prompt": "", "model_image_sizes": [], "response_tokens": 0, "max_response_tokens": 0,
+                "episode": {}}
     assert seen == expected
 
 

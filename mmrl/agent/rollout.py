@@ -1,0 +1,160 @@
+"""A rollout rank's agent: its tools, their worker processes and the agent loop on the rank's engine.
+
+A rank that holds a rollout engine builds one :class:`AgentRollout` when ``rollout.agent.enabled``. Its
+prompts are encoded with the tools in their system message (:meth:`AgentRollout.messages`, applied by the
+rank's prompt cache), its samples are episodes (:meth:`AgentRollout.sample`). Each episode's scoring context
+(its prompt with the tool turns' media appended, :meth:`~mmrl.agent.episode.Episode.scoring_context`) stays on
+the rank under the sample's ``context_key``: the log-prob, value and update passes find it there, so the tool
+images cross no process boundary for training. What goes back to the driver is what rewards and metrics read:
+the final answer (``response_text``), the episode's record (``episode``: turns, calls, the tools' texts and
+images) and the counts.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from mmrl.agent.calls import CallError, ToolCall
+from mmrl.agent.chat import ChatFormat
+from mmrl.agent.episode import CUT_KINDS, Episode, EpisodeLimits
+from mmrl.agent.executor import ToolExecutor
+from mmrl.agent.loop import AgentLoop, response_batch
+from mmrl.agent.outputs import ToolLimits, ToolOutput
+from mmrl.agent.stats import ToolStats
+from mmrl.agent.table import build_tool_table
+from mmrl.config import AgentConfig, Config
+from mmrl.models.encoding import EncodedPrompt
+from mmrl.protocol import Batch
+from mmrl.rollout.base import RolloutEngine, SamplingParams
+
+
+def check_agent_run(cfg: Config) -> None:
+    """Raises NotImplementedError for what agent rollouts do not support yet: a critic, a reward model or a judge
+    (their ranks would need the tool turns' media, which only the generating rank holds)."""
+    if not cfg.rollout.agent.enabled:
+        return
+    from mmrl.algos import ALGORITHMS
+
+    missing = [what for what, used in (
+        (f"a critic (algorithm.name={cfg.algorithm.name})", ALGORITHMS[cfg.algorithm.name].needs_critic),
+        ("a reward model (reward.model.path)", bool(cfg.reward.model.path)),
+        ("a judge (reward.judge.path)", bool(cfg.reward.judge.path))) if used]
+    if missing:
+        raise NotImplementedError(
+            f"rollout.agent.enabled with {' and '.join(missing)} is not supported yet: the tool turns' images are "
+            "held by the rank that generated the episode only; use a critic-free algorithm (grpo, rloo, dapo, ...) "
+            "with rule rewards, or rollout.agent.enabled=false")
+
+
+def tool_limits(cfg: AgentConfig) -> ToolLimits:
+    default = ToolLimits()
+    return ToolLimits(max_text_chars=cfg.max_text_chars, max_images=cfg.max_images, max_pixels=cfg.max_pixels,
+                      max_image_pixels=max(default.max_image_pixels, cfg.max_pixels))
+
+
+def episode_limits(cfg: AgentConfig, max_new_tokens: int) -> EpisodeLimits:
+    """``max_new_tokens``: the rollout's, for a turn when ``cfg.max_new_tokens`` is 0."""
+    return EpisodeLimits(max_turns=cfg.max_turns, max_tool_calls=cfg.max_tool_calls, max_tokens=cfg.max_tokens,
+                         max_new_tokens=cfg.max_new_tokens or max_new_tokens)
+
+
+def png(image: Any) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def episode_record(episode: Episode) -> dict[str, Any]:
+    """What rewards, the judge and the rollout's HTML see of an episode: ``turns`` in order (the policy's:
+    role ``assistant`` and its text; a tool turn: role ``tool`` and the indices of the calls it answers),
+    ``calls`` (each: the policy turn that made it, the tool's name, its arguments or the malformed call's error
+    kind, its output's text, failure kind and images as PNG bytes), ``cut`` and ``final_text``."""
+    turns, policy_turn = [], -1
+    for turn in episode.turns:
+        if turn.policy:
+            policy_turn += 1
+            turns.append({"role": "assistant", "text": turn.text})
+        else:
+            turns.append({"role": "tool", "calls": [i for i, r in enumerate(episode.calls) if r.turn == policy_turn]})
+    calls = []
+    for record in episode.calls:
+        call, output = record.call, record.output
+        entry = {"turn": record.turn, "name": call.name or None, "text": output.text, "failure": output.failure,
+                 "images": [png(i) for i in output.images]}
+        entry |= {"arguments": call.arguments} if isinstance(call, ToolCall) else {"error": call.kind}
+        calls.append(entry)
+    return {"turns": turns, "calls": calls, "cut": episode.cut, "final_text": episode.final_text}
+
+
+class AgentRollout:
+    """One rank's agent rollouts (see the module's docstring); its tool workers live as long as the rank."""
+
+    def __init__(self, cfg: AgentConfig, processor: Any, engine: RolloutEngine, max_new_tokens: int,
+                 max_model_len: int | None = None) -> None:
+        self.cfg = cfg
+        self.executor = ToolExecutor(isolation=cfg.isolation, num_workers=cfg.num_workers, timeout_s=cfg.timeout_s,
+                                     max_memory_mb=cfg.max_memory_mb)
+        self.table = build_tool_table(cfg.tools, self.executor)
+        self.chat = ChatFormat(processor)
+        self.pad_id = processor.tokenizer.pad_token_id
+        self.loop = AgentLoop(engine, self.chat, self.table, self.executor,
+                              limits=episode_limits(cfg, max_new_tokens), tool_limits=tool_limits(cfg),
+                              max_model_len=max_model_len)
+
+    def messages(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A data row's messages with the tools in the system message (and in the chat template's format)."""
+        return self.chat.with_tools(self.chat.in_format(messages), self.table.definitions())
+
+    def sample(self, prompts: Sequence[EncodedPrompt], params: SamplingParams, version: int
+               ) -> tuple[Batch, list[EncodedPrompt]]:
+        """B encoded prompts -> (B*n samples, the n of prompt i at rows i*n .. i*n+n-1; each sample's scoring
+        context, in row order).
+
+        The samples hold responses, response_mask, policy_mask (0 at the tool turns' tokens), each (B*n,
+        ``max_tokens``),
+        rollout_log_probs, weight_version, prompt_tokens, num_turns and num_tool_calls (B*n,), and as objects
+        response_text (the final answer), episode (:func:`episode_record`), image_grids (the prompt's). The
+        driver's metrics come from these (:func:`agent_metrics`), over every rank's samples.
+        """
+        episodes, _ = self.loop.run(prompts, params)
+        # One width on every rank and every call (the episode budget), as single-turn rollouts pad to theirs.
+        parts = response_batch(episodes, self.pad_id, width=self.loop.limits.max_tokens)
+        count = len(episodes)
+        grids = [[tuple(int(x) for x in g) for g in e.prompt.image_grid_thw] if e.prompt.image_grid_thw is not None
+                 else [] for e in episodes]
+        tensors = {key: parts[key] for key in ("responses", "response_mask", "policy_mask", "rollout_log_probs",
+                                               "prompt_tokens", "num_turns", "num_tool_calls")}
+        tensors["weight_version"] = torch.full((count,), version, dtype=torch.long)
+        objects = {"response_text": [e.final_text for e in episodes], "episode": [episode_record(e) for e in episodes],
+                   "image_grids": grids}
+        return Batch(tensors=tensors, objects=objects), [e.scoring_context() for e in episodes]
+
+    def close(self) -> None:
+        self.executor.close()
+
+
+def agent_metrics(samples: Batch, tools: list[str]) -> dict[str, float]:
+    """A step's agent metrics from its samples (every rank's): ``agent/turns/mean``,
+    ``agent/tool_calls_per_episode/mean``, ``agent/budget_cuts[/<kind>]`` (shares of episodes),
+    ``agent/response_tokens/{policy,tool}/mean`` and the tool counts of :meth:`ToolStats.metrics` (calls by
+    tool, errors by kind)."""
+    records, count = samples["episode"], max(len(samples), 1)
+    policy = (samples["policy_mask"] * samples["response_mask"]).sum(1)
+    tool = samples["response_mask"].sum(1) - policy
+    out = {"agent/turns/mean": float(samples["num_turns"].float().mean()),
+           "agent/tool_calls_per_episode/mean": float(samples["num_tool_calls"].float().mean()),
+           "agent/budget_cuts": sum(r["cut"] is not None for r in records) / count,
+           "agent/response_tokens/policy/mean": float(policy.mean()),
+           "agent/response_tokens/tool/mean": float(tool.mean())}
+    out |= {f"agent/budget_cuts/{kind}": sum(r["cut"] == kind for r in records) / count for kind in CUT_KINDS}
+    stats = ToolStats()
+    for call in (c for r in records for c in r["calls"]):
+        if "error" in call:
+            stats.record_error(CallError(call["error"], call["text"], call["name"] or ""))
+        else:
+            stats.record(call["name"], ToolOutput(text=call["text"], failure=call["failure"]))
+    return out | stats.metrics(tools)
