@@ -92,7 +92,8 @@ bench-scale: $(STAMP)
 	$(PY) -c "import trl" 2>/dev/null || $(INSTALL) -c constraints.txt $(TRL_SPEC)
 	$(STAGE).bench_scale --config configs/bench_scale.yaml $(ARGS)
 
-# A short GRPO and PPO run on CUDA with the tiny model, printing step times (needs `make install GPU=1`).
+# On CUDA: chunked scoring and activation checkpointing checked, then short GRPO runs of every model family, PPO
+# and LoRA on tiny models, printing step times (needs `make install GPU=1`).
 gpu-check: $(STAMP)
 	$(STAGE).gpu_check --config $(CONFIG) $(ARGS)
 
