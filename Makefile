@@ -98,17 +98,14 @@ gpu-check: $(STAMP)
 	$(STAGE).gpu_check --config $(CONFIG) $(ARGS)
 
 # Learning runs (minutes each) are benchmarks: `make bench-learning`; `make test-extra` the extra checks.
-# The unit tests run beside the Ray tests (one Ray session, in file order), on one thread, in the core those
-# leave idle while they wait on process starts, timeouts and each other (two-thread torch beside them would spin
-# against the workers' threads); their report follows the Ray tests'. (pytest-xdist's loadgroup cannot keep the
-# Ray tests together under pytest 9.) Either failing fails the target; one that a PYTEST_ARGS filter leaves
-# empty (pytest's exit code 5) does not.
-UNIT_LOG := $(VENV)/test-unit.log
+# The unit tests (on one thread: faster for their small models), then the Ray tests in one Ray session. Run side by
+# side on 2 cores they slowed each other three- to fourfold (torch threads and the tests' worker processes
+# contending), so they run one after the other. Both always run; either failing fails the target, one that a
+# PYTEST_ARGS filter leaves empty (pytest's exit code 5) does not.
 test: $(STAMP)
-	@OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest tests/unit -q -m "not learning and not extra" $(PYTEST_ARGS) > $(UNIT_LOG) 2>&1 & unit=$$!; \
-	$(PY) -m pytest tests/integration tests/cluster -q -m "not learning and not extra" $(PYTEST_ARGS); ray=$$?; \
-	wait $$unit; unit=$$?; echo "--- unit tests (tests/unit) ---"; cat $(UNIT_LOG); \
-	for rc in $$ray $$unit; do [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit 1; done
+	@OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest tests/unit -q -m "not learning and not extra" $(PYTEST_ARGS); \
+	unit=$$?; $(PY) -m pytest tests/integration tests/cluster -q -m "not learning and not extra" $(PYTEST_ARGS); ray=$$?; \
+	for rc in $$unit $$ray; do [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit 1; done
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)

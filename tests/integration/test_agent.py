@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
@@ -34,9 +35,12 @@ def turn_ending_model(model_dir: Path, out: Path, scale: float = 2.0) -> Path:
     return out
 
 
-def test_grpo_on_two_ranks_trains_on_episodes_whose_tool_turns_are_holes(tiny_config, tiny_model_dir, tmp_path):
+# vLLM runs the same loop through the engine interface; its run costs a vLLM start: `make test-extra`.
+@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.extra)])
+def test_grpo_on_two_ranks_trains_on_episodes_whose_tool_turns_are_holes(engine, tiny_config, vllm_model_dir, tmp_path):
     cfg = tiny_config
-    cfg.model.path = cfg.trainer.init = str(turn_ending_model(tiny_model_dir, tmp_path / "model"))
+    cfg.model.path = cfg.trainer.init = str(turn_ending_model(vllm_model_dir, tmp_path / "model"))
+    cfg.rollout.engine = engine
     cfg.rollout.agent.max_new_tokens = 12
     # A reward on the final answer's text that differs within groups, so that the update has advantages.
     cfg.reward.function, cfg.reward.weights = "tests/fixtures/reward_plugins/kinds.py:text_length_parity", {}

@@ -162,18 +162,26 @@ def test_a_too_long_prompt_fails_before_generation_naming_it(vllm_group, vllm_mo
     assert len(greedy(group, prompts, tokens=2)) == 3
 
 
-def test_vllm_receives_weights_gathered_from_fsdp_shards(tiny_config, vllm_model_dir, tiny_data_dir):
-    cfg, group = engine_group(tiny_config, vllm_model_dir, "vllm", workers=2, llm="fsdp")
-    try:
-        prompts = mixed_prompts(tiny_data_dir)
-        samples = prompts.repeat(2).union(group.generate(prompts, SamplingParams(n=2, max_new_tokens=6)))
-        scored = samples.union(group.compute_log_probs(samples))
-        mask = scored["response_mask"]
-        assert float(((scored["rollout_log_probs"] - scored["old_log_probs"]).abs() * mask).max()) < 1e-4
-    finally:
-        group.shutdown()
+def test_grpo_and_eval_run_end_to_end_on_vllm_with_weights_gathered_from_fsdp_shards(tiny_config, vllm_model_dir):
+    """rollout.engine=vllm through RL (2 ranks, the actor's LLM sharded: every step's weights are gathered from
+    the shards into each rank's engine) and the eval stage; the rollout's log-probs are the trainer's."""
+    from mlflow.tracking import MlflowClient
+
+    from mmrl.trainer.eval_checkpoint import run_eval
+    from mmrl.trainer.rl import run_rl
+
+    cfg = tiny_config
+    cfg.model.path, cfg.trainer.init, cfg.rollout.engine = str(vllm_model_dir), str(vllm_model_dir), "vllm"
+    cfg.resources.num_workers, cfg.actor.llm.strategy = 2, "fsdp"
+    cfg.trainer.steps, cfg.trainer.eval_every = 2, 2
+    result = run_rl(cfg)
+    history = MlflowClient(cfg.tracking.uri).get_metric_history(result["mlflow_run_id"], "rollout/logprob_diff_max")
+    assert len(history) == 2 and all(point.value < 1e-4 for point in history)
+    evaluated = run_eval(cfg, str(os.path.join(cfg.trainer.out_dir, "checkpoint")))
+    assert evaluated["counts"]["all"] == 16
 
 
+@pytest.mark.extra  # SFT's evaluation on vLLM (an engine in the driver's process): `make test-extra`
 def test_sft_then_grpo_and_eval_run_end_to_end_on_vllm(tiny_config, vllm_model_dir):
     """Every stage that generates goes through rollout.engine=vllm: SFT's val, RL's rollouts and val, eval."""
     from mlflow.tracking import MlflowClient
