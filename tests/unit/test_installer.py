@@ -30,3 +30,18 @@ def test_uv_flags_reproduce_every_index_and_constraint():
     assert flags[-2:] == ["--index-strategy", "unsafe-best-match"]
     assert "--no-index" not in flags
     assert "--no-index" in uv_flags(parse_pip_config("global.no-index='true'"))
+
+
+def test_uv_compiles_the_bytecode_at_install_time(tmp_path, monkeypatch):
+    """Where PYTHONDONTWRITEBYTECODE is set nothing else writes it: every process would compile torch anew."""
+    import mmrl.installer as installer
+
+    python = tmp_path / "bin" / "python"
+    monkeypatch.setattr(installer, "find_uv", lambda python: "/opt/uv")
+    monkeypatch.setattr(installer, "pip_settings", lambda python: {})
+    monkeypatch.delenv("MMRL_INSTALLER", raising=False)
+    command = installer.install_command(["torch==2.13.0"], python=str(python))
+    assert command[:3] == ["/opt/uv", "pip", "install"] and "--compile-bytecode" in command
+    assert command[-1] == "torch==2.13.0"
+    monkeypatch.setenv("MMRL_INSTALLER", "pip")
+    assert installer.install_command(["torch==2.13.0"], python=str(python))[1:4] == ["-m", "pip", "install"]
