@@ -98,9 +98,8 @@ class WorkerHost:
     def reset(self) -> bool:
         """Drop the worker and put the process back as a fresh host has it (see the module's docstring).
         Returns whether the host may serve another worker."""
-        close = getattr(self.worker, "close", None)
-        if callable(close):
-            close()  # what it started outside this process (an agent's tool workers)
+        if callable(getattr(self.worker, "close", None)):
+            self.worker.close()  # what it started outside this process (an agent's tool workers)
         dropped = weakref.ref(self.worker) if self.worker is not None else None
         self.worker = None
         if dist.is_initialized():
