@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import ray
 from ray.actor import ActorHandle
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from mmrl.controller import reuse
 from mmrl.controller.host import WorkerHost
@@ -23,8 +23,9 @@ class ResourcePool:
     """``world_size`` bundles of ``cpus_per_worker`` CPUs (and one GPU each when ``use_gpu``).
 
     Worker groups placed on the pool :meth:`acquire` it and :meth:`release` it when they shut down; the
-    placement group is removed when the last one releases it, unless ``reuse``: then it is kept with the
-    hosts the groups gave back, for the next pool of the same shape (:mod:`mmrl.controller.reuse`).
+    placement group is removed when the last one releases it. With ``reuse``, the hosts the groups gave back
+    stay idle for later pools (:mod:`mmrl.controller.reuse`): on CPU, outside the placement group, for any
+    pool on their node; on GPU, with the placement group, for the next pool of the same shape.
     """
 
     world_size: int
@@ -44,17 +45,28 @@ class ResourcePool:
     def shape(self) -> PoolShape:
         return (self.world_size, float(self.cpus_per_worker), self.use_gpu)
 
+    @property
+    def floating(self) -> bool:
+        """Whether this pool's hosts run outside its placement group (reused CPU hosts: see
+        :mod:`mmrl.controller.reuse`), the placement group only reserving their CPUs."""
+        return self.reuse and not self.use_gpu
+
+    def threads(self, spec: HostSpec) -> int:
+        """The torch threads of a rank of spec ``spec``: its own setting, else as many as its CPUs (at least
+        one), as Ray's OMP_NUM_THREADS gives a process it starts for them."""
+        return spec.threads or max(1, int(self.cpus_per_worker * spec.share))
+
     def placement_group(self, want: HostSpec | None = None) -> PlacementGroup:
         """This pool's placement group: an idle one of the same shape (with ``reuse``; preferring one that
         holds a host of spec ``want``), else a new one, for which every idle pool is removed first."""
         if self._pg is None:
-            idle = reuse.take(self.shape, want) if self.reuse else None
+            idle = reuse.take(self.shape, want) if self.reuse and not self.floating else None
             if idle is not None:
                 self._pg, self._idle = idle.pg, idle.hosts
                 for spec, _ in idle.hosts:
                     self._taken[spec.bundle] = self._taken.get(spec.bundle, 0.0) + spec.share
             else:
-                reuse.release_idle_workers()
+                reuse.release_idle_pools()
                 self._pg = self._new_placement_group()
         return self._pg
 
@@ -69,6 +81,10 @@ class ResourcePool:
             )
         return pg
 
+    def node(self, bundle: int) -> str:
+        """The id of the node that holds ``bundle`` of this pool's placement group."""
+        return ray.util.placement_group_table(self.placement_group())["bundles_to_node_id"][bundle]
+
     def scheduling(self, rank: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(
             placement_group=self.placement_group(), placement_group_bundle_index=rank
@@ -76,8 +92,13 @@ class ResourcePool:
 
     def host(self, spec: HostSpec) -> ActorHandle:
         """A host process for a rank of spec ``spec`` on bundle ``spec.bundle``: an idle one of that spec,
-        else a new one (idle hosts of other specs on that bundle are killed when it has no room left)."""
+        else a new one (idle hosts of other specs on that bundle are killed when it has no room left).
+        A floating pool's host is any idle CPU host on the bundle's node, else a new one there."""
         self.placement_group(spec)
+        if self.floating:
+            node = self.node(spec.bundle)
+            return reuse.take_host(node) or RemoteHost.options(
+                num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
         match = next((i for i, (s, _) in enumerate(self._idle) if s == spec), None)
         if match is not None:
             return self._idle.pop(match)[1]
@@ -92,7 +113,14 @@ class ResourcePool:
         ).remote()
 
     def give_back(self, spec: HostSpec, host: ActorHandle, keep: bool) -> None:
-        """A group is done with ``host``: idle on this pool when ``keep`` (and ``reuse``), else killed."""
+        """A group is done with ``host``: idle (on its node when floating, else on this pool) when ``keep``
+        (and ``reuse``), else killed."""
+        if self.floating:
+            if keep:
+                reuse.put_host(self.node(spec.bundle), host)
+            else:
+                ray.kill(host)
+            return
         if keep and self.reuse:
             self._idle.append((spec, host))
             return

@@ -1,8 +1,8 @@
 """A WorkerGroup: N Ray actors of one Worker class, called as one SPMD program.
 
 Each rank's actor is a :class:`~mmrl.controller.host.WorkerHost` that builds the worker inside itself; on a
-pool with ``reuse`` (``resources.reuse_workers``) a healthy group's hosts outlive it, for the next group of
-the same shape (:mod:`mmrl.controller.reuse`).
+pool with ``reuse`` (``resources.reuse_workers``) a healthy group's hosts outlive it, for later groups
+(:mod:`mmrl.controller.reuse`).
 
 Every call has a deadline (``timeout_s``). A rank whose process died (killed, out of memory, its node
 lost) or a call past its deadline raises :class:`WorkerFailure`, which the driver recovers from by
@@ -84,17 +84,17 @@ class WorkerGroup:
         try:
             for spec in self.specs:
                 self.workers.append(pool.host(spec))
-            self._start(worker_cls, threads, device, max(timeout_s, STARTUP_S))
+            self._start(worker_cls, device, max(timeout_s, STARTUP_S))
         except BaseException:
             self.healthy = False
             self.shutdown()
             raise
         self._bind(worker_cls)
 
-    def _start(self, worker_cls: type, threads: int, device: str, start_s: float) -> None:
+    def _start(self, worker_cls: type, device: str, start_s: float) -> None:
         """Build the worker on every rank and join the ranks into one process group (on a new port)."""
-        self._gather("start", [w.start.remote(worker_cls, rank, self.world_size, threads, device)
-                               for rank, w in enumerate(self.workers)], start_s)
+        self._gather("start", [w.start.remote(worker_cls, rank, self.world_size, self.pool.threads(spec), device)
+                               for rank, (w, spec) in enumerate(zip(self.workers, self.specs))], start_s)
         master_addr, master_port = self._gather("node_address", [self.workers[0].call.remote("node_address")],
                                                 start_s)[0]
         self._gather("init_process_group", [w.call.remote("init_process_group", master_addr, master_port,

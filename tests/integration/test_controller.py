@@ -100,17 +100,45 @@ def test_a_healthy_group_s_process_serves_the_next_group_of_its_shape_as_a_fresh
     second.shutdown()
 
 
-def test_a_group_of_another_shape_starts_new_processes():
+def free_cpus_after(action) -> float:
+    """Ray's free CPUs once ``action()`` ran and a placement group it removed gave its CPUs back."""
+    action()
+    time.sleep(1.0)
+    return ray.available_resources().get("CPU", 0.0)
+
+
+def test_an_idle_cpu_process_holds_no_resources_and_serves_a_group_of_any_shape():
+    free = free_cpus_after(lambda: None)  # a previous test's placement group may still be giving CPUs back
     first = reusable_group(threads=1)
     (pid,) = pids(first)
-    first.shutdown()
-    more_threads = reusable_group(threads=2)
-    (other,) = pids(more_threads)
-    assert other != pid and gone(pid)  # the idle one was in the way on its bundle: killed
+    assert free_cpus_after(first.shutdown) == pytest.approx(free)  # idle, it holds no CPU
+    wider = WorkerGroup(Worker, ResourcePool(2, cpus_per_worker=0.25, name="wider", reuse=True), threads=0,
+                        device="cpu")
+    assert pid in pids(wider)  # two ranks of a quarter CPU each: the idle process is one of them
+    assert wider.torch_threads() == [1, 1]  # threads=0: as many as its CPUs, at least one
+    wider_pids = set(pids(wider))
+    wider.shutdown()
+    assert wider_pids <= pids_of_idle()
+    more_threads = reusable_group(cpus=1.0, threads=2)  # a whole CPU, two threads: one of them again
+    assert pids(more_threads)[0] in wider_pids and more_threads.torch_threads() == [2]
     more_threads.shutdown()
-    smaller = reusable_group(cpus=0.25)  # another pool shape: the idle pool is removed for it
-    assert pids(smaller) != [other] and gone(other)
-    smaller.shutdown()
+
+
+def pids_of_idle() -> set[int]:
+    from mmrl.controller.reuse import idle_hosts
+
+    return set(ray.get([host.__ray_call__.remote(lambda host: os.getpid()) for host in idle_hosts()], timeout=60))
+
+
+def test_idle_processes_past_the_cap_are_killed_the_longest_idle_first(monkeypatch):
+    from mmrl.controller import reuse
+
+    monkeypatch.setattr(reuse, "MAX_IDLE_PER_NODE", 1)
+    first, second = reusable_group(cpus=0.25), reusable_group(cpus=0.25)
+    (pid_1,), (pid_2,) = pids(first), pids(second)
+    first.shutdown()
+    second.shutdown()
+    assert gone(pid_1) and pids_of_idle() == {pid_2}
 
 
 def test_a_failed_process_is_never_reused():

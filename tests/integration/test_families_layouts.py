@@ -37,7 +37,7 @@ VISION_REPLICATED = ("replicate", "fsdp", False)
 
 @pytest.fixture(scope="module")
 def pair():
-    group = WorkerGroup(ProbedActor, ResourcePool(2, cpus_per_worker=0.25, name="families2"), threads=1, device="cpu")
+    group = WorkerGroup(ProbedActor, ResourcePool(2, cpus_per_worker=0.25, name="families2", reuse=True), threads=1, device="cpu")
     yield group
     group.shutdown()
 

@@ -118,7 +118,7 @@ def test_a_reward_model_on_two_fsdp_ranks_scores_like_one_process(tiny_config, r
     cfg.reward.model.llm.strategy, cfg.reward.model.vision.strategy = "fsdp", "fsdp"
     processor = load_processor(reward_model_dir)
     batch = scored_batch(cfg, processor)
-    group = WorkerGroup(RewardModelWorker, ResourcePool(2, cpus_per_worker=1), threads=1, device="cpu")
+    group = WorkerGroup(RewardModelWorker, ResourcePool(2, cpus_per_worker=1, reuse=True), threads=1, device="cpu")
     try:
         group.init_model(cfg, str(reward_model_dir))
         scores = group.compute_rm_scores(batch)["rm_scores"]
@@ -142,7 +142,7 @@ def test_the_judge_asks_through_its_engine_and_parses_each_verdict(tiny_config, 
     cfg = tiny_config
     cfg.reward.judge.path = str(tiny_model_dir)
     batch = scored_batch(cfg, load_processor(tiny_model_dir))
-    group = WorkerGroup(JudgeWorker, ResourcePool(1, cpus_per_worker=1), threads=1, device="cpu")
+    group = WorkerGroup(JudgeWorker, ResourcePool(1, cpus_per_worker=1, reuse=True), threads=1, device="cpu")
     try:
         group.init_model(cfg, str(tiny_model_dir))
         out = group.judge(batch)

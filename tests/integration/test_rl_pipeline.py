@@ -49,7 +49,7 @@ def two_workers(tiny_config):
     cfg = tiny_config
     cfg.resources.num_workers = 2
     cfg.actor.micro_batch_size = 4  # groups of 3 samples: plain 4-row slices would cut prompts in two
-    group = WorkerGroup(ProbedActor, ResourcePool(2, cpus_per_worker=1), threads=1, device="cpu")
+    group = WorkerGroup(ProbedActor, ResourcePool(2, cpus_per_worker=1, reuse=True), threads=1, device="cpu")
     group.init_model(cfg, cfg.model.path)
     yield cfg, group
     group.shutdown()

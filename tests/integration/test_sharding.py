@@ -60,8 +60,8 @@ def base_cfg(tiny_model_dir, tiny_data_dir):
 
 @pytest.fixture(scope="module")
 def groups(tiny_model_dir):
-    one = WorkerGroup(ProbedActor, ResourcePool(1, cpus_per_worker=0.5, name="n1"), threads=1, device="cpu")
-    two = WorkerGroup(ProbedActor, ResourcePool(2, cpus_per_worker=0.25, name="n2"), threads=1, device="cpu")
+    one = WorkerGroup(ProbedActor, ResourcePool(1, cpus_per_worker=0.5, name="n1", reuse=True), threads=1, device="cpu")
+    two = WorkerGroup(ProbedActor, ResourcePool(2, cpus_per_worker=0.25, name="n2", reuse=True), threads=1, device="cpu")
     yield one, two
     one.shutdown()
     two.shutdown()
@@ -222,8 +222,8 @@ def test_sharded_rollout_gets_full_weights_and_frees_them(groups, base_cfg, tiny
 
 @pytest.fixture(scope="module")
 def critic_groups():
-    one = WorkerGroup(ProbedCritic, ResourcePool(1, cpus_per_worker=0.5, name="c1"), threads=1, device="cpu")
-    two = WorkerGroup(ProbedCritic, ResourcePool(2, cpus_per_worker=0.25, name="c2"), threads=1, device="cpu")
+    one = WorkerGroup(ProbedCritic, ResourcePool(1, cpus_per_worker=0.5, name="c1", reuse=True), threads=1, device="cpu")
+    two = WorkerGroup(ProbedCritic, ResourcePool(2, cpus_per_worker=0.25, name="c2", reuse=True), threads=1, device="cpu")
     yield one, two
     one.shutdown()
     two.shutdown()
