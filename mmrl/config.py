@@ -577,12 +577,14 @@ class ResourcesConfig:
     """An existing Ray cluster's address; empty starts a local Ray."""
     reuse_workers: bool = False
     """Keep the worker processes of a finished run (or of groups a recovery rebuilds) idle, and start later
-    worker groups of the same shape in them instead of in new processes (saves each rank's start: seconds of
-    CPU for Python, torch and transformers). A process is reused only after its worker was torn down cleanly
-    (process group destroyed, memory freed, RNGs, threads and environment as at its start); never after a
-    failure, and never after it ran vLLM. Idle processes keep their Ray resources until a worker group of
-    another shape needs them or ``mmrl.controller.reuse.release_idle_workers()`` is called, so it is off by
-    default: turn it on where one driver process runs many short runs (tests, sweeps, notebooks)."""
+    worker groups in them instead of in new processes (saves each rank's start: seconds of CPU for Python,
+    torch and transformers). A process is reused only after its worker was torn down cleanly (process group
+    and DTensor caches gone, memory freed, RNGs, threads and environment as at its start); never after a
+    failure, and never after it ran vLLM. On CPU an idle process holds no Ray resources and serves a later
+    group of any shape on its node (at most ``mmrl.controller.reuse.MAX_IDLE_PER_NODE`` wait per node); on GPU
+    it keeps its bundle until a pool of another shape needs it. Idle processes hold memory until
+    ``mmrl.controller.reuse.release_idle_workers()`` or the driver's end, so it is off by default: turn it on
+    where one driver process runs many short runs (tests, sweeps, notebooks)."""
 
 
 @dataclass(kw_only=True)

@@ -8,7 +8,8 @@ worker cannot tell a reused host from a new one:
 
 - the worker object is dropped and collected (it must really be freed: a host whose worker is still
   referenced somewhere is not reused), and the default process group with every group made from it is
-  destroyed, with the device meshes cached on them (the next group joins a new one, on a new port);
+  destroyed, with the device meshes and DTensor shardings cached on them (the next group joins a new one,
+  on a new port, and the host may hold another rank in it);
 - the environment, the working directory, torch's thread count and global switches (default dtype, grad
   mode, float32 matmul precision, deterministic algorithms) are restored to what they were at the host's start;
 - torch's default generators are reseeded with the seed a fresh process starts from, and Python's and
@@ -121,8 +122,22 @@ class WorkerHost:
 
 
 def forget_process_group_caches() -> None:
-    """Drop module-level caches that hold objects of a destroyed process group (a worker's modules are
-    imported once per process, so such a cache would otherwise hand the next worker a dead group)."""
+    """Drop process-wide caches that hold objects of a destroyed process group (a worker's modules are
+    imported once per process, so such a cache would otherwise hand the next worker a dead group).
+
+    DTensor's caches matter most: they are keyed by DeviceMeshes, which compare equal on every rank (a mesh's
+    equality ignores which rank holds it), so after a host changes rank a cached sharding would return the
+    old mesh object, with the old rank's coordinate: a parameter sharded for rank 1 would then report rank
+    0's local shape and offset, and a checkpoint load would read the wrong slice.
+    """
     sharding = sys.modules.get("mmrl.parallel.sharding")
     if sharding is not None:
         sharding._MESHES.clear()  # DeviceMeshes over the destroyed default group
+    if "torch.distributed.tensor" in sys.modules:
+        from torch.distributed.tensor import _redistribute
+        from torch.distributed.tensor._collective_utils import MeshTopoInfo
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+        _clear_sharding_prop_cache()  # the Python and the C++ fast path's sharding propagation caches
+        _redistribute._gen_transform_infos.cache_clear()
+        MeshTopoInfo.build_from_mesh.cache_clear()

@@ -157,3 +157,35 @@ def test_a_failed_process_is_never_reused():
     last = reusable_group(timeout_s=3.0)
     assert pids(last) != [pid_2] and gone(pid_2)
     last.shutdown()
+
+
+def test_a_process_that_changes_rank_shards_for_its_new_rank():
+    """DTensor caches shardings by mesh, and meshes compare equal across ranks: a reused process must not
+    keep the mesh (and so the coordinate) of the rank it held before."""
+    def shard_report(host) -> tuple[int, tuple, tuple]:
+        """(rank, the local shard's shape, the shape DTensor reports for this rank) of a (1, 64) weight that FSDP2
+        shards over the group: rank 0 holds the row, rank 1 an empty shard."""
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        layer = torch.nn.Linear(64, 1, bias=False)
+        fully_shard(layer, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+        weight = layer.weight
+        reported, _ = compute_local_shape_and_global_offset(weight.shape, weight.device_mesh, weight.placements)
+        return dist.get_rank(), tuple(weight.to_local().shape), tuple(reported)
+
+    def pair():
+        return WorkerGroup(Worker, ResourcePool(2, cpus_per_worker=0.25, name="pair", reuse=True), threads=1,
+                           device="cpu")
+
+    first = pair()
+    before = pids(first)
+    assert on_ranks(first, shard_report) == [(0, (1, 64), (1, 64)), (1, (0, 64), (0, 64))]
+    first.shutdown()
+    second = pair()
+    assert pids(second) == before[::-1]  # each process now holds the other rank
+    assert on_ranks(second, shard_report) == [(0, (1, 64), (1, 64)), (1, (0, 64), (0, 64))]
+    second.shutdown()
