@@ -137,7 +137,8 @@ class DataConfig:
     """Folder of the prompt parquet files, one per split (``<dir>/<split>.parquet``)."""
     tasks: dict[str, float] = field(default_factory=lambda: {"colour": 1.0})
     """Synthetic task mix: task name -> fraction. Images: colour, count, shape, compare_count (two images);
-    videos: first_colour, direction."""
+    videos: first_colour, direction; ``zoom`` (alone: the agent task of :mod:`data_prep.zoom_task`, whose
+    ``sft`` split holds demonstrated episodes)."""
     sizes: dict[str, int] = field(default_factory=lambda: {"sft": 48, "train": 2048, "val": 128, "test": 400})
     """Rows per split for the synthetic generator."""
     image_size: int = num(112, ge=1)
@@ -175,6 +176,8 @@ class DataConfig:
     """Side of the synthetic clips' frames, in pixels (a multiple of 28)."""
     video_frames: int = num(4, ge=2)
     """Frames of a synthetic clip (even)."""
+    zoom_grid: int = num(4, ge=1)
+    """The zoom task's cells per side (its board is ``image_size`` px)."""
 
 
 @dataclass(kw_only=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from PIL import Image
 from tqdm import tqdm
 
 from data_prep.convert import convert_jsonl
@@ -24,10 +25,12 @@ from data_prep.parquet import write_parquet
 from data_prep.synthetic import VideoSynthesis, build_splits
 from data_prep.synthetic_video import ClipSpec
 from data_prep.video import VideoLimits
+from data_prep.zoom_task import TASK as ZOOM
+from data_prep.zoom_task import ZoomTaskSpec, write_zoom_splits
 from mmrl.config import Config
 from mmrl.models.encoding import encode_prompt
 from mmrl.models.loading import load_processor, patch_factor
-from mmrl.schema import Video
+from mmrl.schema import IMAGE_PLACEHOLDER, Video
 from pipelines.cli import parse
 
 
@@ -36,7 +39,32 @@ def video_synthesis(cfg: Config) -> VideoSynthesis:
     return VideoSynthesis(media_dir=Path(cfg.data.dir) / "media", clip=clip)
 
 
+def zoom_spec(cfg: Config) -> ZoomTaskSpec:
+    """The zoom task for this run: its board at ``data.image_size``, the view the model at ``model.path`` gets
+    of it (its processor's resize) and the run's zoom budget (``rollout.agent.max_pixels``)."""
+    from mmrl.agent.chat import ChatFormat
+
+    processor = load_processor(cfg.model.path)
+    side = cfg.data.image_size
+    encoded = encode_prompt(processor, [{"role": "user", "content": IMAGE_PLACEHOLDER}], [Image.new("RGB", (side, side))])
+    view = ChatFormat(processor).model_image_sizes(encoded)[0]
+    return ZoomTaskSpec(image_size=side, grid=cfg.data.zoom_grid, view_side=min(view),
+                        zoom_max_pixels=cfg.rollout.agent.max_pixels)
+
+
+def zoom(cfg: Config) -> None:
+    others = {task: f for task, f in cfg.data.tasks.items() if task != ZOOM and f > 0}
+    if others:
+        raise ValueError(f"data.tasks: the zoom task is generated alone (its sft split holds demonstrations); got "
+                         f"also {others}: set data.tasks={{zoom: 1.0}}")
+    spec = zoom_spec(cfg)
+    for split, report in write_zoom_splits(cfg.data.dir, cfg.data.sizes, cfg.seed, spec).items():
+        print(f"data: {split:5s} {report.summary()} -> {Path(cfg.data.dir) / f'{split}.parquet'}")
+
+
 def synthetic(cfg: Config) -> None:
+    if cfg.data.tasks.get(ZOOM, 0) > 0:
+        return zoom(cfg)
     splits = build_splits(cfg.data.tasks, cfg.data.sizes, cfg.seed, cfg.data.image_size, cfg.data.max_count,
                           video=video_synthesis(cfg))
     for split, rows in tqdm(splits.items(), desc="data: writing splits"):

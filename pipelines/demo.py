@@ -4,7 +4,12 @@ Prints ``demo: sft_acc=X rl_acc=Y rl_steps=N minutes=M`` (test-split accuracies 
 checkpoints) and writes ``outputs/demo/summary.json``. The RL stage starts fresh (``trainer.resume=never``)
 unless a checkpoint path is given: the demo rebuilds everything it would resume from.
 
+With ``rollout.agent.enabled`` (``configs/agent_demo.yaml``) the accuracies are of episodes with the run's
+tools; the demo then also evaluates both checkpoints with the tools disabled and reports how the episodes used
+the tools (calls per episode, the share of zoom calls on the right region).
+
     python -m pipelines.demo --config configs/demo.yaml
+    python -m pipelines.demo --config configs/agent_demo.yaml seed=1
 """
 
 from __future__ import annotations
@@ -50,6 +55,15 @@ def main(argv: list[str] | None = None) -> dict:
     rl = timed("rl", run_rl, cfg)
     sft_eval = timed("eval_sft", run_eval, cfg, sft["checkpoint"], "eval-sft")
     rl_eval = timed("eval_rl", run_eval, cfg, str(Path(cfg.trainer.out_dir) / "checkpoint"), "eval-rl")
+    tools = {}
+    if cfg.rollout.agent.enabled:
+        plain = command.load(f"trainer.init={sft['checkpoint']}", *fresh, "rollout.agent.enabled=false")
+        tools = {"sft_acc_no_tools": timed("eval_sft_no_tools", run_eval, plain, sft["checkpoint"],
+                                           "eval-sft-no-tools")["accuracy"]["all"],
+                 "rl_acc_no_tools": timed("eval_rl_no_tools", run_eval, plain,
+                                          str(Path(cfg.trainer.out_dir) / "checkpoint"), "eval-rl-no-tools")
+                 ["accuracy"]["all"],
+                 "sft_tool_use": sft_eval["tool_use"], "rl_tool_use": rl_eval["tool_use"]}
     minutes = (time.time() - start) / 60
     summary = {
         "sft_acc": sft_eval["accuracy"]["all"],
@@ -62,12 +76,20 @@ def main(argv: list[str] | None = None) -> dict:
         "rl_acc_by_source": rl_eval["accuracy"],
         "stage_seconds": stage_s,
         "seed": cfg.seed,
+        **tools,
     }
     SUMMARY.parent.mkdir(parents=True, exist_ok=True)
     SUMMARY.write_text(json.dumps(summary, indent=2))
     print(f"demo: sft_acc={summary['sft_acc']:.3f} rl_acc={summary['rl_acc']:.3f} "
           f"rl_steps={summary['rl_steps']} minutes={minutes:.1f}")
+    if tools:
+        print(f"demo: without tools sft_acc={tools['sft_acc_no_tools']:.3f} rl_acc={tools['rl_acc_no_tools']:.3f}; "
+              f"tool use after sft {_rounded(tools['sft_tool_use'])}, after rl {_rounded(tools['rl_tool_use'])}")
     return summary
+
+
+def _rounded(metrics: dict[str, float]) -> dict[str, float]:
+    return {name.rsplit("/", 1)[1]: round(value, 3) for name, value in metrics.items()}
 
 
 if __name__ == "__main__":

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from data_prep.synthetic import IMAGE_TASKS, corpus_texts, generate_rows
+from data_prep.palette import COLOURS
+from data_prep.synthetic import IMAGE_TASKS, SHAPES, corpus_texts, generate_rows
 from data_prep.synthetic_video import VIDEO_ANSWERS, VIDEO_QUESTIONS, VIDEO_TASKS
+from data_prep.zoom_task import QUESTION as ZOOM_QUESTION
+from data_prep.zoom_task import TASK as ZOOM
+from data_prep.zoom_task import ZOOM_TOOL, ZoomTaskSpec, cell_name
 from mmrl.answer_format import format_answer
 from mmrl.config import Config
 from mmrl.models.loading import load_model
@@ -43,9 +47,26 @@ def task_corpus(cfg: Config, rows_per_task: int = 200) -> Iterator[str]:
         for i in range(rows_per_task):
             answer = answers[i % len(answers)]
             yield from [VIDEO_QUESTIONS[task], answer, format_answer(answer)]
+    if ZOOM in extra:
+        yield from zoom_corpus(cfg)
     if cfg.rollout.agent.enabled:
         yield from agent_corpus(cfg)
     yield from ["user", "assistant", "system"]
+
+
+def zoom_corpus(cfg: Config, copies: int = 20) -> Iterator[str]:
+    """The zoom task's texts: every question, a call on every cell (at the tiny model's view) and the answers."""
+    from mmrl.agent.calls import format_call
+
+    spec = ZoomTaskSpec(image_size=cfg.data.image_size, grid=cfg.data.zoom_grid)
+    for _ in range(copies):
+        for row in range(spec.grid):
+            for col in range(spec.grid):
+                for kind in SHAPES:
+                    yield ZOOM_QUESTION.format(kind=kind, cell=cell_name(row, col))
+                yield format_call(ZOOM_TOOL, {"bbox_2d": spec.view_box(row, col)})
+        for colour in COLOURS:
+            yield format_answer(colour)
 
 
 def agent_corpus(cfg: Config, copies: int = 50) -> Iterator[str]:

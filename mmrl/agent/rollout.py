@@ -30,6 +30,7 @@ from mmrl.config import AgentConfig, Config
 from mmrl.models.encoding import EncodedPrompt
 from mmrl.protocol import Batch
 from mmrl.rollout.base import RolloutEngine, SamplingParams
+from mmrl.rollout.samples import encode_rows
 
 
 def check_agent_run(cfg: Config) -> None:
@@ -72,7 +73,8 @@ def episode_record(episode: Episode) -> dict[str, Any]:
     """What rewards, the judge and the rollout's HTML see of an episode: ``turns`` in order (the policy's:
     role ``assistant`` and its text; a tool turn: role ``tool`` and the indices of the calls it answers),
     ``calls`` (each: the policy turn that made it, the tool's name, its arguments or the malformed call's error
-    kind, its output's text, failure kind and images as PNG bytes), ``cut`` and ``final_text``."""
+    kind, its output's text, failure kind and images as PNG bytes), ``cut``, ``final_text`` and
+    ``model_image_sizes`` (per image of the episode, the (width, height) the model saw it at)."""
     turns, policy_turn = [], -1
     for turn in episode.turns:
         if turn.policy:
@@ -87,7 +89,8 @@ def episode_record(episode: Episode) -> dict[str, Any]:
                  "images": [png(i) for i in output.images]}
         entry |= {"arguments": call.arguments} if isinstance(call, ToolCall) else {"error": call.kind}
         calls.append(entry)
-    return {"turns": turns, "calls": calls, "cut": episode.cut, "final_text": episode.final_text}
+    return {"turns": turns, "calls": calls, "cut": episode.cut, "final_text": episode.final_text,
+            "model_image_sizes": [list(size) for size in episode.model_image_sizes]}
 
 
 class AgentRollout:
@@ -99,6 +102,7 @@ class AgentRollout:
         self.executor = ToolExecutor(isolation=cfg.isolation, num_workers=cfg.num_workers, timeout_s=cfg.timeout_s,
                                      max_memory_mb=cfg.max_memory_mb)
         self.table = build_tool_table(cfg.tools, self.executor)
+        self.processor = processor
         self.chat = ChatFormat(processor)
         self.pad_id = processor.tokenizer.pad_token_id
         self.loop = AgentLoop(engine, self.chat, self.table, self.executor,
@@ -108,6 +112,13 @@ class AgentRollout:
     def messages(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """A data row's messages with the tools in the system message (and in the chat template's format)."""
         return self.chat.with_tools(self.chat.in_format(messages), self.table.definitions())
+
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """Episodes for a batch of data rows (their messages given the tools, encoded), as evaluation and SFT's
+        validation generate: the samples of :meth:`sample`, without the scoring contexts."""
+        with_tools = Batch(tensors=prompts.tensors, meta=prompts.meta, objects={
+            **prompts.objects, "messages": [self.messages(m) for m in prompts["messages"]]})
+        return self.sample(encode_rows(self.processor, with_tools), params, version=0)[0]
 
     def sample(self, prompts: Sequence[EncodedPrompt], params: SamplingParams, version: int
                ) -> tuple[Batch, list[EncodedPrompt]]:

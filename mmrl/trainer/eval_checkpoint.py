@@ -1,4 +1,9 @@
-"""The ``make eval`` stage: greedy accuracy of a checkpoint on a split, per data_source, in-process."""
+"""The ``make eval`` stage: greedy accuracy of a checkpoint on a split, per data_source, in-process.
+
+With ``rollout.agent.enabled`` each prompt is an episode with the run's tools (as RL rolls out), and the run also
+logs how the episodes used them (:mod:`mmrl.agent.scorecard`); ``rollout.agent.enabled=false`` evaluates the
+same checkpoint without tools.
+"""
 
 from __future__ import annotations
 
@@ -21,9 +26,15 @@ def evaluate_checkpoint(cfg: Config, checkpoint: str, split: str) -> EvalResult:
     device = resolve_device(cfg.resources.device)
     processor = load_processor(checkpoint)
     engine = build_rollout_engine(cfg, checkpoint=checkpoint, processor=processor, device=device)
+    agent = None
+    if cfg.rollout.agent.enabled:
+        from mmrl.agent.rollout import AgentRollout
+
+        agent = AgentRollout(cfg.rollout.agent, processor, engine, cfg.eval.max_new_tokens)
 
     def generate(prompts: Batch, params: SamplingParams) -> Batch:
-        return generate_samples(engine, processor, prompts, params)
+        return agent.generate(prompts, params) if agent is not None else generate_samples(engine, processor, prompts,
+                                                                                            params)
 
     rows = load_rows(cfg.data.dir, split)
     rewards = RewardStage(cfg.reward, patch_size=grid_pixels(processor))
@@ -31,6 +42,8 @@ def evaluate_checkpoint(cfg: Config, checkpoint: str, split: str) -> EvalResult:
         return evaluate(generate, rows, rewards.verify, cfg.eval.batch_size, cfg.eval.max_new_tokens)
     finally:
         rewards.close()
+        if agent is not None:
+            agent.close()
         engine.shutdown()
 
 
@@ -44,4 +57,5 @@ def run_eval(cfg: Config, checkpoint: str | None = None, run_name: str = "") -> 
     tracker.log_text(checkpoint, "checkpoint_path.txt")
     tracker.finish()
     print(f"eval {checkpoint} on {cfg.eval.split}: {result.summary()}")
-    return {"accuracy": result.accuracy, "counts": result.counts, "mlflow_run_id": tracker.run_id}
+    return {"accuracy": result.accuracy, "counts": result.counts, "mlflow_run_id": tracker.run_id,
+            "tool_use": result.tool_use.metrics("agent") if result.tool_use is not None else {}}

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from mmrl.agent.scorecard import ToolUse
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
 from mmrl.trainer.dataset import rows_to_batch
@@ -26,15 +27,19 @@ class EvalResult:
     """data_source -> share of prompts answered correctly; "all" over every prompt."""
     counts: dict[str, int]
     samples: list[dict[str, Any]] = field(default_factory=list)
+    tool_use: ToolUse | None = None
+    """How agent episodes used their tools (None for single-turn generation)."""
 
     def metrics(self, prefix: str = "val") -> dict[str, float]:
         out = {f"{prefix}/{source}/acc": acc for source, acc in self.accuracy.items() if source != "all"}
         out[f"{prefix}/acc"] = self.accuracy["all"]
-        return out
+        return out | (self.tool_use.metrics(f"{prefix}/agent") if self.tool_use is not None else {})
 
     def summary(self) -> str:
         parts = [f"{source}={acc:.3f} (n={self.counts[source]})" for source, acc in sorted(self.accuracy.items())]
-        return "accuracy: " + ", ".join(parts)
+        tools = ([f"{name.rsplit('/', 1)[1]}={value:.2f}" for name, value in self.tool_use.metrics("x").items()]
+                 if self.tool_use is not None else [])
+        return "accuracy: " + ", ".join(parts) + (f"; tools: {', '.join(tools)}" if tools else "")
 
 
 def evaluate(generate: GenerateFn, rows: list[dict[str, Any]], verify: VerifyFn, batch_size: int,
@@ -43,20 +48,25 @@ def evaluate(generate: GenerateFn, rows: list[dict[str, Any]], verify: VerifyFn,
     params = SamplingParams(n=1, greedy=True, max_new_tokens=max_new_tokens)
     correct: dict[str, list[float]] = defaultdict(list)
     samples: list[dict[str, Any]] = []
+    tool_use: ToolUse | None = None
     for start in range(0, len(rows), batch_size):
-        prompts = rows_to_batch(rows[start : start + batch_size])
+        batch_rows = rows[start : start + batch_size]
+        prompts = rows_to_batch(batch_rows)
         out = generate(prompts, params)
         scores = verify(prompts.union(out.select_fields("response_text"))).tolist()
         episodes = out["episode"] if "episode" in out.objects else [None] * len(out)
         for i, (text, score) in enumerate(zip(out["response_text"], scores)):
             correct[prompts["data_source"][i]].append(score)
+            if episodes[i] is not None:
+                tool_use = tool_use or ToolUse()
+                tool_use.add(batch_rows[i], episodes[i])
             if len(samples) < num_samples:
                 samples.append(_sample_row(prompts, i, text, score) | {"episode": episodes[i]})
     every = [s for scores in correct.values() for s in scores]
     accuracy = {source: sum(s) / len(s) for source, s in correct.items()}
     accuracy["all"] = sum(every) / max(len(every), 1)
     counts = {source: len(s) for source, s in correct.items()} | {"all": len(every)}
-    return EvalResult(accuracy=accuracy, counts=counts, samples=samples)
+    return EvalResult(accuracy=accuracy, counts=counts, samples=samples, tool_use=tool_use)
 
 
 def _sample_row(prompts: Batch, i: int, response: str, reward: float) -> dict[str, Any]:

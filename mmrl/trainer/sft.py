@@ -131,9 +131,7 @@ class SFTTrainer:
             from mmrl.agent.rollout import AgentRollout
 
             self.agent = AgentRollout(self.cfg.rollout.agent, self.processor, self.engine, params.max_new_tokens)
-        prompts = Batch(tensors=prompts.tensors, meta=prompts.meta, objects={
-            **prompts.objects, "messages": [self.agent.messages(m) for m in prompts["messages"]]})
-        return self.agent.sample(encode_rows(self.processor, prompts), params, version=0)[0]
+        return self.agent.generate(prompts, params)
 
     def close(self) -> None:
         if self.agent is not None:

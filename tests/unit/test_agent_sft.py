@@ -96,3 +96,25 @@ def test_agent_sft_trains_the_assistant_turns_of_demonstrations_only(tiny_config
     # text tokens would change the mean.
     hole = (mask > 0) & ~own
     assert bool(torch.isinf(every[hole]).any()) and bool(torch.isfinite(every[hole]).any())
+
+
+def test_make_eval_with_tools_runs_episodes_and_reports_their_tool_use(tiny_config, tiny_model_dir, tmp_path):
+    """``make eval`` of an agent run evaluates episodes (the tools in the prompt, the loop's records), and the
+    same checkpoint with ``rollout.agent.enabled=false`` single-turn answers."""
+    from mmrl.trainer.eval_checkpoint import evaluate_checkpoint
+
+    rows, _, _ = generate_zoom_rows(3, seed=8, spec=SPEC, id_prefix="ev")
+    write_parquet(rows, tmp_path / "test.parquet")
+    tiny_config.data.dir = str(tmp_path)
+    tiny_config.eval.max_new_tokens = 6
+    tiny_config.rollout.agent.enabled, tiny_config.rollout.agent.isolation = True, "inline"
+    with_tools = evaluate_checkpoint(tiny_config, str(tiny_model_dir), "test")
+    records = [s["episode"] for s in with_tools.samples]
+    assert with_tools.tool_use is not None and with_tools.tool_use.episodes == 3 and len(records) == 3
+    assert all(r["model_image_sizes"] == [[SPEC.view_side, SPEC.view_side]] for r in records)
+    calls = sum(len(r["calls"]) for r in records)
+    assert with_tools.metrics("test")["test/agent/tool_calls_per_episode"] == pytest.approx(calls / 3)
+    tiny_config.rollout.agent.enabled = False
+    plain = evaluate_checkpoint(tiny_config, str(tiny_model_dir), "test")
+    assert plain.tool_use is None and [s["episode"] for s in plain.samples] == [None] * 3
+    assert "test/agent/tool_calls_per_episode" not in plain.metrics("test")

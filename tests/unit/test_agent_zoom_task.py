@@ -124,3 +124,20 @@ def test_splits_share_no_image_and_are_written_with_their_quarantine(tmp_path: P
         assert len(lines) == reports[split].quarantined == splits[split][2].quarantined
     stored = read_parquet(tmp_path / "sft.parquet")[0]
     assert Image.open(io.BytesIO(stored["images"][1])).size == (448, 448)  # the zoom, at the tool's budget
+
+
+def test_make_data_writes_the_zoom_task_at_the_model_s_view_and_refuses_a_mix(tiny_config, tmp_path) -> None:
+    from pipelines import data
+
+    tiny_config.data.tasks, tiny_config.data.image_size = {"zoom": 1.0}, 448
+    tiny_config.data.sizes, tiny_config.data.dir = {"sft": 2, "test": 3}, str(tmp_path)
+    spec = data.zoom_spec(tiny_config)
+    assert (spec.view_side, spec.zoom_max_pixels) == (112, tiny_config.rollout.agent.max_pixels)  # the processor's resize
+    data.synthetic(tiny_config)
+    sft, test = read_parquet(tmp_path / "sft.parquet"), read_parquet(tmp_path / "test.parquet")
+    assert len(sft) == 2 and len(test) == 3
+    assert all(json.loads(r["extra"]).get("demonstration") for r in sft)  # the sft split holds episodes
+    assert not any(json.loads(r["extra"]).get("demonstration") for r in test)
+    tiny_config.data.tasks = {"zoom": 1.0, "colour": 0.5}
+    with pytest.raises(ValueError, match=r"zoom task is generated alone.*'colour': 0.5"):
+        data.synthetic(tiny_config)
