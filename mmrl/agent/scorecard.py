@@ -54,17 +54,15 @@ class ToolUse:
 
 
 def _hits(arguments: Mapping[str, Any], images: list[bytes], seen: list[list[int]], extra: Mapping[str, Any]) -> bool:
-    """Whether a region call on the row's ``image`` (default 0, the row's own first image) held the target."""
-    index = arguments.get("image", 0)
-    if not isinstance(index, int) or not 0 <= index < min(len(images), len(seen)) or index != 0:
-        return False  # the ground truth is on the row's first image
+    """Whether a region call held the target: the ground truth is on the row's first image, which the call
+    must name (``image`` 0, the default)."""
     bbox = arguments.get("bbox_2d")
-    if not isinstance(bbox, list) or len(bbox) != 4:
+    if arguments.get("image", 0) != 0 or not images or not seen or not isinstance(bbox, list) or len(bbox) != 4:
         return False
-    with Image.open(io.BytesIO(images[index])) as image:
+    with Image.open(io.BytesIO(images[0])) as image:
         size = image.size
     try:
-        region = call_region(bbox, tuple(seen[index]), size)
-    except (TypeError, ValueError):
+        region = call_region(bbox, tuple(seen[0]), size)
+    except TypeError:  # a non-number in the box (call_region already answers None for a box the tools refuse)
         region = None
     return region_hit(region, tuple(extra["shape_box"]), tuple(extra["cell_box"]))

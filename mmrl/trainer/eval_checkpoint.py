@@ -33,8 +33,9 @@ def evaluate_checkpoint(cfg: Config, checkpoint: str, split: str) -> EvalResult:
         agent = AgentRollout(cfg.rollout.agent, processor, engine, cfg.eval.max_new_tokens)
 
     def generate(prompts: Batch, params: SamplingParams) -> Batch:
-        return agent.generate(prompts, params) if agent is not None else generate_samples(engine, processor, prompts,
-                                                                                            params)
+        if agent is not None:
+            return agent.generate(prompts, params)
+        return generate_samples(engine, processor, prompts, params)
 
     rows = load_rows(cfg.data.dir, split)
     rewards = RewardStage(cfg.reward, patch_size=grid_pixels(processor))
