@@ -3,8 +3,9 @@ zooming with the ``zoom_in`` tool.
 
 The image (``image_size`` px, default 448) is a board of ``grid`` x ``grid`` cells (default 4 x 4) separated by
 thin lines, named by row letter and column number (``A1`` top left, ``B3`` second row, third column). Every cell
-holds one circle, one square and one triangle in three different colours, ``shape_sides`` px each. The
-question names a cell and a kind: "What colour is the triangle in cell C2?"
+holds one circle, one square and one triangle in three different colours, ``shape_sides`` px each (or, with
+``shapes_per_cell`` 1 or 2, that many of them, of kinds and colours drawn per cell). The question names a cell
+and a kind: "What colour is the triangle in cell C2?"
 
 The model sees the image at ``view_side`` px (its processor's resize: 112 for the tiny model), where a shape is
 about ``side * view_side / image_size`` px (2 to 3 by default): its colour may show, its kind does not, so
@@ -65,6 +66,9 @@ class ZoomTaskSpec:
     """Side of the stored (full resolution) image, in pixels."""
     grid: int = 4
     """Cells per side (1 to 9)."""
+    shapes_per_cell: int = 3
+    """Shapes in a cell (1 to 3, of different kinds and colours): with 1, the question's kind is redundant and only
+    the cell's colour is to be read."""
     shape_sides: tuple[int, int] = (8, 12)
     """Smallest and largest side of a shape, stored pixels."""
     view_side: int = 112
@@ -82,6 +86,8 @@ class ZoomTaskSpec:
             raise ValueError(f"zoom task: grid={self.grid} must be 1 to {len(ROWS)} (cells are named A1 to I9)")
         if self.image_size % self.grid:
             raise ValueError(f"zoom task: image_size={self.image_size} must be a multiple of grid={self.grid}")
+        if not 1 <= self.shapes_per_cell <= len(SHAPES):
+            raise ValueError(f"zoom task: shapes_per_cell={self.shapes_per_cell} must be 1 to {len(SHAPES)}")
         if not 6 <= lo <= hi:
             raise ValueError(f"zoom task: shape_sides={self.shape_sides} must be (lo, hi) with 6 <= lo <= hi")
         if 2 * (hi + _MARGIN) + hi > self.cell_side:
@@ -139,32 +145,34 @@ def _number(value: float) -> float | int:
 
 
 def draw_board(rng: random.Random, spec: ZoomTaskSpec) -> list[dict[str, Any]]:
-    """Every cell's three shapes: cell, kind, colour (three colours per cell) and box (x0, y0, side)."""
+    """Every cell's ``shapes_per_cell`` shapes: cell, kind, colour (different kinds and colours within a cell) and
+    box (x0, y0, side)."""
     shapes = []
     for row in range(spec.grid):
         for col in range(spec.grid):
-            colours = rng.sample(list(COLOURS), len(SHAPES))
-            for kind, colour, box in zip(SHAPES, colours, _place(rng, spec, row, col)):
+            kinds = SHAPES if spec.shapes_per_cell == len(SHAPES) else rng.sample(SHAPES, spec.shapes_per_cell)
+            colours = rng.sample(list(COLOURS), len(kinds))
+            for kind, colour, box in zip(kinds, colours, _place(rng, spec, row, col)):
                 shapes.append({"cell": cell_name(row, col), "kind": kind, "colour": colour, "box": list(box)})
     return shapes
 
 
 def _place(rng: random.Random, spec: ZoomTaskSpec, row: int, col: int) -> list[tuple[int, int, int]]:
-    """Three non-touching boxes inside cell (row, col), by rejection sampling."""
+    """``shapes_per_cell`` non-touching boxes inside cell (row, col), by rejection sampling."""
     lo, hi = spec.shape_sides
     x_start, y_start = col * spec.cell_side + _MARGIN, row * spec.cell_side + _MARGIN
     room = spec.cell_side - 2 * _MARGIN
     for _ in range(1000):
         boxes: list[tuple[int, int, int]] = []
-        for _ in range(len(SHAPES)):
+        for _ in range(spec.shapes_per_cell):
             side = rng.randint(lo, hi)
             box = (x_start + rng.randint(0, room - side), y_start + rng.randint(0, room - side), side)
             if not all(_apart(box, other) for other in boxes):
                 break
             boxes.append(box)
-        if len(boxes) == len(SHAPES):
+        if len(boxes) == spec.shapes_per_cell:
             return boxes
-    raise ValueError(f"could not place {len(SHAPES)} shapes in a {spec.cell_side} px cell; lower shape_sides")
+    raise ValueError(f"could not place {spec.shapes_per_cell} shapes in a {spec.cell_side} px cell; lower shape_sides")
 
 
 def render_board(shapes: list[dict[str, Any]], spec: ZoomTaskSpec, grey: int) -> Image.Image:

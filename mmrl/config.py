@@ -178,6 +178,8 @@ class DataConfig:
     """Frames of a synthetic clip (even)."""
     zoom_grid: int = num(4, ge=1)
     """The zoom task's cells per side (its board is ``image_size`` px)."""
+    zoom_shapes: int = num(3, ge=1, le=3)
+    """Shapes in each of the zoom task's cells (1 to 3, of different kinds and colours)."""
 
 
 @dataclass(kw_only=True)

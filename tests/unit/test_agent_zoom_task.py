@@ -55,6 +55,32 @@ def test_rows_ask_for_the_colour_of_the_named_shape_in_the_named_cell() -> None:
         assert side * SPEC.zoom_view_side / SPEC.cell_side >= SPEC.legible_px  # legible zoomed
 
 
+@pytest.mark.parametrize("per_cell", [1, 2])
+def test_fewer_shapes_per_cell_draw_that_many_kinds_and_colours_and_ask_for_one_of_them(per_cell: int) -> None:
+    spec = ZoomTaskSpec(shapes_per_cell=per_cell)
+    rows, _, report = generate_zoom_rows(8, seed=5, spec=spec, id_prefix="f")
+    assert report.written == 8
+    kinds_seen = set()
+    for row in rows:
+        extra = json.loads(row["extra"])
+        assert len(extra["shapes"]) == per_cell * spec.grid**2
+        by_cell: dict[str, list[dict]] = {}
+        for shape in extra["shapes"]:
+            by_cell.setdefault(shape["cell"], []).append(shape)
+        for shapes in by_cell.values():
+            assert len(shapes) == per_cell
+            assert len({s["kind"] for s in shapes}) == per_cell and len({s["colour"] for s in shapes}) == per_cell
+            kinds_seen |= {s["kind"] for s in shapes}
+        [target] = [s for s in by_cell[extra["cell"]] if s["kind"] == extra["kind"]]
+        assert row["answer"] == target["colour"]
+        left, top, right, bottom = extra["shape_box"]
+        image = decode_image(row["images"][0])
+        assert image.getpixel(((left + right) // 2, (top + bottom) // 2)) == COLOURS[row["answer"]]
+    assert kinds_seen == {"circle", "square", "triangle"}  # the kinds are drawn per cell, not fixed
+    with pytest.raises(ValueError, match="shapes_per_cell=0"):
+        ZoomTaskSpec(shapes_per_cell=0)
+
+
 def test_rows_that_fail_the_legibility_checks_are_quarantined_and_counted() -> None:
     straddling = ZoomTaskSpec(shape_sides=(8, 16))  # sides over 12 are legible unzoomed (over 3 px of 112)
     rows, quarantine, report = generate_zoom_rows(8, seed=0, spec=straddling, id_prefix="q")
