@@ -279,6 +279,9 @@ class RolloutConfig:
     """vllm: videos a prompt may hold."""
     agent: AgentConfig = field(default_factory=AgentConfig)
     """Multi-turn episodes with tools (off by default)."""
+    num_workers: int = num(1, ge=1)
+    """``trainer.mode=async``: the rollout pool's workers (each holds a whole copy of the policy in its engine and
+    generates for its share of a batch's prompts); the sync mode generates on the trainer's own workers."""
 
 
 @dataclass(kw_only=True)
@@ -374,6 +377,13 @@ class ActorConfig(UpdateConfig):
     rollout: the engine's own (they match the trainer's within 1e-4 on the hf and vLLM engines); auto: with
     one epoch and one mini-batch (an on-policy step) the update's own forward, detached, which equals them,
     so the pass is skipped; otherwise recompute."""
+    rollout_correction: Literal["none", "token", "sequence"] = "none"
+    """Off-policy correction for samples drawn by other weights than the trainer's (async mode's, or an engine
+    whose log-probs drift): a truncated importance weight ``min(pi_old / pi_rollout, rollout_is_cap)`` per token
+    or per sequence on each token's policy-gradient term (:mod:`mmrl.algos.rollout_correction`). Needs the old
+    log-probs recomputed (they are, whatever ``old_log_probs`` says)."""
+    rollout_is_cap: float = num(2.0, ge=1)
+    """The truncation of the rollout-correction weight."""
     logprob_chunk_tokens: int = num(0, ge=0)
     """Tokens per chunk of the LM head when scoring tokens (log-probs, entropy; the actor, the reference and
     SFT): the head's logits exist for one chunk at a time, forward and backward. 0: automatic, as many tokens
@@ -554,6 +564,17 @@ class TrainerConfig:
     """Times a run rebuilds its workers from the newest checkpoint after a worker died or hung."""
     step_timeout_s: float = num(1800.0, gt=0)
     """A call to the workers (and any collective inside it) that takes longer counts as a hung worker."""
+    mode: Literal["sync", "async"] = "sync"
+    """sync: generate, score, update, one after the other on the trainer's workers. async: a rollout pool
+    (``rollout.num_workers``) generates the next batches while the trainer updates, with weights at most
+    ``max_staleness`` versions old (:mod:`mmrl.trainer.async_rl`)."""
+    max_staleness: int = num(1, ge=0)
+    """async: the most weight versions a trained sample may be behind the trainer (0: exactly the sync run)."""
+    stale_policy: Literal["wait", "drop"] = "wait"
+    """async: wait (the default): at most ``max_staleness + 1`` batches are in flight, so no sample is ever too
+    old and none is wasted; the rollout pool waits for weights when it is that far ahead. drop: one more batch
+    is in flight, so the rollout pool never waits, and a batch older than ``max_staleness`` is dropped
+    (``async/dropped_groups``)."""
     max_skipped_steps: int = num(3, ge=0)
     """Steps in a row whose update may be skipped for a non-finite reward, advantage, loss or gradient;
     one more stops the run with an error."""

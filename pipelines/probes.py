@@ -18,6 +18,7 @@ from mmrl.parallel.sharding import full_state
 from mmrl.workers.critic import CriticWorker
 from mmrl.workers.hybrid import ActorRolloutRefWorker
 from mmrl.workers.judge import JudgeWorker
+from mmrl.workers.rollout_worker import RolloutWorker
 
 
 class ProbedActor(ActorRolloutRefWorker):
@@ -146,3 +147,16 @@ class ScriptedCallsActor(ProbedActor):
     def held_contexts(self) -> list[str]:
         """The context keys of the agent samples this rank holds."""
         return sorted(key for key in self.prompt_cache.by_uid if "#" in key)
+
+
+class SlowRollout(RolloutWorker):
+    """A rollout rank of the async mode that holds each batch ``DELAY_S`` longer after drawing it (with the weights
+    it pulled at the batch's start): a rollout pool slower than the trainer."""
+
+    DELAY_S = 2.0
+
+    @register(Dispatch.DP_COMPUTE, fields=("messages", "images"), prompts=True, keep_prompts=False)
+    def generate(self, prompts: Any, params: Any) -> Any:
+        out = super().generate(prompts, params)
+        time.sleep(self.DELAY_S)
+        return out

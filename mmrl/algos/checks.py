@@ -7,7 +7,9 @@ Each rule names the keys involved and the fix. ``given`` is the set of dotted ke
 from __future__ import annotations
 
 from mmrl.algos import ALGORITHMS, POLICY_LOSSES, check_key_ownership, critic_algorithms, policy_loss
+from mmrl.algos.base import Algorithm
 from mmrl.algos.losses import POLICY_LOSS_NEEDS_SEQUENCE_AGG
+from mmrl.algos.rollout_correction import LINEAR_LOSSES
 from mmrl.config import Config, ConfigError, require_known
 
 
@@ -26,8 +28,31 @@ def check_algorithm_config(cfg: Config, given: frozenset[str]) -> None:
     if cfg.algorithm.critic_warmup_steps and not algorithm.needs_critic:
         raise ConfigError(f"algorithm.critic_warmup_steps={cfg.algorithm.critic_warmup_steps}: "
                           f"{cfg.algorithm.name} trains no critic; use {', '.join(critic_algorithms())}, or set it to 0")
+    if cfg.actor.rollout_correction != "none" and loss not in LINEAR_LOSSES:
+        raise ConfigError(f"actor.rollout_correction={cfg.actor.rollout_correction} weights each token's policy-gradient "
+                          f"term through its advantage, which the {loss} loss does not scale with; use it with "
+                          f"{', '.join(sorted(LINEAR_LOSSES))}, or actor.rollout_correction=none")
+    if cfg.trainer.mode == "async":
+        check_async(cfg, algorithm)
     try:
         check_key_ownership(cfg.algorithm.name, given)
         policy_loss(cfg)  # every loss term's batch fields are ones the algorithm computes
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def check_async(cfg: Config, algorithm: type[Algorithm]) -> None:
+    """What ``trainer.mode=async`` cannot do yet, each refused with its reason."""
+    name = cfg.algorithm.name
+    if algorithm.collect is not Algorithm.collect:
+        raise ConfigError(f"trainer.mode=async generates each step's prompts ahead of the step, one round each; "
+                          f"{name} collects its own way (DAPO's dynamic sampling draws more prompts until its batch "
+                          "is full), which the async buffer does not serve yet: use trainer.mode=sync")
+    if algorithm.extra_rollouts is not Algorithm.extra_rollouts:
+        raise ConfigError(f"trainer.mode=async: {name} generates extra rollouts with the current weights inside the "
+                          "step (ReMax's greedy baseline), which the rollout pool would give from older weights: "
+                          "use trainer.mode=sync")
+    if cfg.rollout.agent.enabled:
+        raise NotImplementedError(
+            "trainer.mode=async with rollout.agent: an episode's tool images stay on the rollout rank that ran it, "
+            "and the trainer's ranks score from them; shipping them is not built yet: use trainer.mode=sync")

@@ -28,15 +28,17 @@ def ensure_ray(cfg: ResourcesConfig) -> None:
                  log_to_driver=True, configure_logging=False)
 
 
-def worker_shape(cfg: ResourcesConfig, use_gpu: bool, pools: int = 1) -> tuple[float, int]:
-    """(CPUs per bundle, torch threads per worker) for ``pools`` pools of ``resources.num_workers`` bundles.
+def worker_shape(cfg: ResourcesConfig, use_gpu: bool, pools: int = 1, others: int = 0) -> tuple[float, int]:
+    """(CPUs per bundle, torch threads per worker) for ``pools`` pools of ``resources.num_workers`` bundles, beside
+    ``others`` bundles of pools that run at the same time (the async mode's rollout pool).
 
-    On CPU the available CPUs are split evenly over all bundles; colocated groups then share a bundle.
+    On CPU the available CPUs are split evenly over all bundles; colocated groups then share a bundle, and pools
+    that run one after the other each compute with all of a worker's share.
     """
     # Idle reused workers' CPUs count as free: a pool of another shape removes them (mmrl.controller.reuse).
     # Ray lists no "CPU" while none is free: all held by idle pools, or just after a placement group's removal.
     free = ray.available_resources().get("CPU")
     cpus = float(free) + idle_cpus() if free is not None else idle_cpus() or float(os.cpu_count() or 1)
-    per_worker = max(cpus / (cfg.num_workers * pools), 0.25) if not use_gpu else 1.0
-    threads = cfg.threads_per_worker or max(1, int(cpus // cfg.num_workers))
+    per_worker = max(cpus / (cfg.num_workers * pools + others), 0.25) if not use_gpu else 1.0
+    threads = cfg.threads_per_worker or max(1, int(cpus // (cfg.num_workers + others)))
     return per_worker, threads

@@ -101,14 +101,28 @@ class WorkerGroup:
                                                           self.timeout_s) for w in self.workers], start_s)
 
     def _bind(self, worker_cls: type) -> None:
+        self.methods: dict[str, DispatchSpec] = {}
         for name, fn in inspect.getmembers(worker_cls, predicate=inspect.isfunction):
             spec = getattr(fn, DISPATCH_ATTR, None)
             if spec is not None:
+                self.methods[name] = spec
                 if hasattr(WorkerGroup, name):  # a bound method must not hide the group's own
                     raise TypeError(f"{worker_cls.__name__}.{name} would hide WorkerGroup.{name}: rename the method")
                 setattr(self, name, functools.partial(self._call, name, spec))
 
     def _call(self, method: str, spec: DispatchSpec, *args: Any, **kwargs: Any) -> Any:
+        return self._submit(method, spec, *args, **kwargs).result()
+
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> Pending:
+        """Start a registered method on every rank and return at once: ``.result()`` waits for it (with the
+        group's deadline, counted from that call) and collects as ``group.method(...)`` does. The ranks run the
+        calls of one caller in the order they were made."""
+        if method not in self.methods:
+            raise AttributeError(f"{self.name} has no registered method {method!r}; registered: "
+                                 f"{', '.join(sorted(self.methods))}")
+        return self._submit(method, self.methods[method], *args, **kwargs)
+
+    def _submit(self, method: str, spec: DispatchSpec, *args: Any, **kwargs: Any) -> Pending:
         grouped = spec.prompts and self.group_by_prompt
         per_rank, plan = split_args(spec, self.world_size, args, kwargs,
                                     self.placement if grouped else None, self.held if grouped else None,
@@ -120,10 +134,7 @@ class WorkerGroup:
         if self.count_bytes:
             self.bytes_sent[method] += sum(len(ray.cloudpickle.dumps(call)) for call in per_rank)
         refs = [w.call.remote(method, *a, **kw) for w, (a, kw) in zip(self.workers, per_rank)]
-        results = self._gather(method, refs)
-        if self.count_bytes:
-            self.bytes_received[method] += sum(len(ray.cloudpickle.dumps(r)) for r in results)
-        return collect(spec.mode, results, plan)
+        return Pending(self, method, spec, refs, plan)
 
     def forget_prompts(self) -> None:
         """A new step: every rank drops the prompt encodings it holds, and groups may go anywhere again."""
@@ -182,6 +193,27 @@ class WorkerGroup:
         refs = [host.reset.remote() for host in hosts]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=RESET_S)
         return [ref in ready and _reset_ok(ref) for ref in refs]
+
+
+class Pending:
+    """A call in flight on every rank of a group (:meth:`WorkerGroup.submit`)."""
+
+    def __init__(self, group: WorkerGroup, method: str, spec: DispatchSpec, refs: list[ray.ObjectRef],
+                 plan: Any) -> None:
+        self.group, self.method, self.spec, self.refs, self.plan = group, method, spec, refs, plan
+
+    def done(self) -> bool:
+        """Whether every rank has finished (without waiting)."""
+        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        return len(ready) == len(self.refs)
+
+    def result(self) -> Any:
+        """The collected result; raises WorkerFailure as a direct call does."""
+        group = self.group
+        results = group._gather(self.method, self.refs)
+        if group.count_bytes:
+            group.bytes_received[self.method] += sum(len(ray.cloudpickle.dumps(r)) for r in results)
+        return collect(self.spec.mode, results, self.plan)
 
 
 def _reset_ok(ref: ray.ObjectRef) -> bool:

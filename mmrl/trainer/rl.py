@@ -25,6 +25,7 @@ import torch
 from mmrl.agent.rollout import agent_metrics, check_agent_run
 from mmrl.algos import RolloutContext, build_algorithm, needs_reference
 from mmrl.algos.kl_control import build_kl_controller, kl_in_reward
+from mmrl.algos.rollout_correction import IS_WEIGHTS, rollout_is_weights
 from mmrl.config import Config
 from mmrl.controller import ResourcePool, WorkerFailure, WorkerGroup
 from mmrl.controller.session import ensure_ray, worker_shape
@@ -65,6 +66,8 @@ class RLTrainer:
     # The worker classes of the groups (a test or benchmark may put probed subclasses here).
     actor_worker: type = ActorRolloutRefWorker
     critic_worker: type = CriticWorker
+    trainer_generates: bool = True
+    """Whether the actor's workers hold the rollout engine (sync: they do; async: a rollout pool does)."""
 
     def __init__(self, cfg: Config, checkpoint: str | None = None) -> None:
         self.cfg = cfg = prepare_run_config(cfg)  # checked; a resolved copy (equal to cfg if cfg was resolved)
@@ -120,12 +123,12 @@ class RLTrainer:
             ("judge", JudgeWorker, cfg.reward.judge.placement, cfg.reward.judge.path, bool(cfg.reward.judge.path)),
         ) if wanted]
         separate = [e for e in extra if e[2] == "separate"]
-        cpus, threads = worker_shape(res, use_gpu, pools=1 + len(separate))
+        cpus, threads = self.worker_shape(use_gpu, pools=1 + len(separate))
         pool = ResourcePool(res.num_workers, cpus, use_gpu, name="actor_rollout_ref", reuse=res.reuse_workers)
         colocated = 1 + len(extra) - len(separate)
         group = dict(threads=threads, device=res.device, timeout_s=timeout)
         self.workers = WorkerGroup(self.actor_worker, pool, share=1.0 / colocated, **group)
-        self.workers.init_model(cfg, self.checkpoint, self.with_reference)
+        self.workers.init_model(cfg, self.checkpoint, self.with_reference, with_rollout=self.trainer_generates)
         self.tool_names = self.workers.tool_names() if cfg.rollout.agent.enabled else []
         self.groups: dict[str, WorkerGroup] = {}
         for name, worker, placement, path in extra:
@@ -136,6 +139,10 @@ class RLTrainer:
             self.groups[name].init_model(cfg, path)
         self.critic = self.groups.get("critic")
         self.reward = self.build_reward()
+
+    def worker_shape(self, use_gpu: bool, pools: int) -> tuple[float, int]:
+        """(CPUs per bundle, torch threads per worker) of the trainer's ``pools`` pools."""
+        return worker_shape(self.cfg.resources, use_gpu, pools=pools)
 
     def log_batching(self, tracker: Tracker) -> None:
         """Print each pass's micro-batching (the automatic token budgets the workers sized, or the settings) and
@@ -172,7 +179,7 @@ class RLTrainer:
     def train_step(self, tracker: Tracker) -> dict[str, float] | None:
         """Step ``step_no + 1``: train, evaluate when due, log, checkpoint when due. Returns the eval metrics."""
         cfg, step = self.cfg.trainer, self.step_no + 1
-        metrics = self.step(self.loader.next_batch())
+        metrics = self.step(self.next_prompts())
         self.count_skip(step, metrics)
         evaluated = None
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
@@ -187,6 +194,10 @@ class RLTrainer:
             self.save(tracker)
         return evaluated
 
+    def next_prompts(self) -> Batch:
+        """The prompts of the next step."""
+        return self.loader.next_batch()
+
     def step(self, prompts: Batch) -> dict[str, float]:
         """One RL step on a Batch of prompts; returns its metrics. Skips the updates (and says so in
         ``trainer/skipped_step``) when a reward or an advantage is not finite."""
@@ -200,6 +211,8 @@ class RLTrainer:
                     batch = batch.union(self.workers.compute_log_probs(batch))
             elif self.old_log_probs == "rollout":
                 batch.tensors["old_log_probs"] = batch["rollout_log_probs"]
+            if self.cfg.actor.rollout_correction != "none":
+                metrics |= self.correct_rollouts(batch)
             if self.with_reference:
                 with self.timer("ref"):
                     batch = batch.union(self.workers.compute_ref_log_probs(batch))
@@ -248,6 +261,14 @@ class RLTrainer:
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """``params.n`` responses to each prompt: one row per sample, with its prompt's fields."""
         return prompts.repeat(params.n).union(self.workers.generate(prompts, params))
+
+    def correct_rollouts(self, batch: Batch) -> dict[str, float]:
+        """The rollout correction's weights (``actor.rollout_correction``) into the batch; their metrics."""
+        actor = self.cfg.actor
+        weights, metrics = rollout_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], policy_mask(batch),
+                                              actor.rollout_correction, actor.rollout_is_cap)
+        batch.tensors[IS_WEIGHTS] = weights
+        return {f"actor/{key}": value for key, value in metrics.items()}
 
     def penalise_kl(self, batch: Batch) -> dict[str, float]:
         """Subtract the controller's coefficient x the per-token KL to the reference from the token rewards."""
@@ -320,13 +341,17 @@ class RLTrainer:
         self.workers.save_state(str(tmp / "actor"))
         if self.critic is not None:
             self.critic.save_state(str(tmp / "critic"))
-        state = DriverState(self.step_no, tracker.run_id, self.loader.state_dict(), self.skipped_in_a_row,
-                            self.kl_ctrl.value)
+        state = self.driver_state(tracker)
         meta = {"algorithm": self.cfg.algorithm.name, "num_workers": self.cfg.resources.num_workers,
                 "actor_layout": [self.cfg.actor.vision.strategy, self.cfg.actor.llm.strategy],
                 "init": self.checkpoint, "lora_rank": self.cfg.actor.lora.rank}
         self.last_checkpoint = self.checkpoints.commit(tmp, state, meta)
         tracker.log_metrics({"timing_s/save_checkpoint": time.perf_counter() - start}, self.step_no)
+
+    def driver_state(self, tracker: Tracker) -> DriverState:
+        """What the driver saves in a checkpoint: the step, the run, the loader, the skip count, the KL coefficient."""
+        return DriverState(self.step_no, tracker.run_id, self.loader.state_dict(), self.skipped_in_a_row,
+                           self.kl_ctrl.value)
 
     def restore(self, folder: Path) -> None:
         """Load a checkpoint into the (freshly built) groups and the driver."""
@@ -408,7 +433,7 @@ def run_rl(cfg: Config) -> dict[str, float]:
     """The ``make rl`` stage: train (resuming per ``trainer.resume``), log to MLflow, save
     ``<trainer.out_dir>/checkpoint``."""
     resume = resume_point(cfg)
-    trainer = RLTrainer(cfg)
+    trainer = build_trainer(cfg)
     run_id = load_driver_state(resume).mlflow_run_id if resume is not None else None
     keys = [key for keys in CURVES.values() for key in keys]
     tracker = Tracker(cfg, cfg.trainer.experiment, cfg.trainer.run_name or "rl", stage="rl", resume_run_id=run_id,
@@ -425,6 +450,15 @@ def run_rl(cfg: Config) -> dict[str, float]:
         trainer.close()
 
 
+def build_trainer(cfg: Config, checkpoint: str | None = None) -> RLTrainer:
+    """The trainer of ``trainer.mode``: :class:`RLTrainer` (sync) or :class:`~mmrl.trainer.async_rl.AsyncRLTrainer`."""
+    if cfg.trainer.mode == "async":
+        from mmrl.trainer.async_rl import AsyncRLTrainer  # it builds on this module
+
+        return AsyncRLTrainer(cfg, checkpoint)
+    return RLTrainer(cfg, checkpoint)
+
+
 def check_same_tokenizer(policy: str, reward_model: str) -> None:
     """The reward model reads the policy's token ids, so both must share one vocabulary."""
     ours, theirs = (load_processor(path).tokenizer.get_vocab() for path in (policy, reward_model))
@@ -437,7 +471,9 @@ def check_same_tokenizer(policy: str, reward_model: str) -> None:
 def old_log_prob_source(cfg: Config) -> Literal["update", "recompute", "rollout"]:
     """Where a step's old log-probs come from (``actor.old_log_probs``), decided once for the run. ``auto``:
     ``update`` (none are sent: the update's own forward gives them) when the update is on-policy and nothing
-    needs them before it (a KL penalty in the reward does), else ``recompute``."""
+    needs them before it (a KL penalty in the reward does, and the rollout correction), else ``recompute``."""
+    if cfg.actor.rollout_correction != "none":  # its weights compare the trainer's old log-probs with the engine's
+        return "recompute"
     if cfg.actor.old_log_probs == "auto":
         return "update" if on_policy(cfg.actor) and not cfg.algorithm.use_kl_in_reward else "recompute"
     return cfg.actor.old_log_probs

@@ -13,6 +13,7 @@ import torch
 
 from mmrl.algos.actor_loss import ActorLoss
 from mmrl.algos.losses import EXTRA_LOSSES, LOSS_FIELDS, POLICY_LOSSES, aggregate, kl_penalty
+from mmrl.algos.rollout_correction import IS_WEIGHTS
 from mmrl.budget import MicroBatching
 from mmrl.config import ActorConfig, UpdateConfig
 from mmrl.models.logprobs import response_logprobs
@@ -105,8 +106,9 @@ class PolicyUpdater(DataParallelUpdater):
 
     def update(self, batch: Batch) -> dict[str, float]:
         """batch: prompt, responses, response_mask, advantages, the fields the loss terms read
-        (:attr:`ActorLoss.fields`), ref_log_probs with the KL loss, and old_log_probs when the driver took them
-        before the update, and policy_mask when the responses have holes. Without old_log_probs the ratio's
+        (:attr:`ActorLoss.fields`), ref_log_probs with the KL loss, old_log_probs when the driver took them
+        before the update, policy_mask when the responses have holes, and rollout_is_weights (B, R) with the
+        rollout correction (each token's policy-gradient term is weighted by it). Without old_log_probs the ratio's
         denominator is this update's own forward, which only an on-policy update (:func:`on_policy`) may do."""
         batch.require("prompt", "responses", "response_mask", "advantages", *self.loss.fields)
         if not on_policy(self.cfg):
@@ -131,8 +133,11 @@ class PolicyUpdater(DataParallelUpdater):
         )
         # On-policy (old_log_probs=update) the ratio's denominator is this forward's own log-probs, detached.
         old = micro["old_log_probs"].to(dev) if "old_log_probs" in micro.tensors else logp.detach()
+        advantages = micro["advantages"].to(dev)
+        if IS_WEIGHTS in micro.tensors:  # the rollout correction: see mmrl.algos.rollout_correction
+            advantages = advantages * micro[IS_WEIGHTS].to(dev)
         pg_loss, pg_metrics = self.policy_loss(
-            logp, old, micro["advantages"].to(dev), mask,
+            logp, old, advantages, mask,
             cfg=cfg, denominator=denominator, **self.loss_inputs(self.loss.policy, micro),
         )
         loss = pg_loss

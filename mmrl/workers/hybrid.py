@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,6 +32,7 @@ import torch
 
 from mmrl.agent.rollout import AgentRollout
 from mmrl.algos import ALGORITHMS, needs_reference, policy_loss
+from mmrl.algos.rollout_correction import IS_WEIGHTS
 from mmrl.budget import (MicroBatching, ModelDims, memory_at_hand, score_batching, sharers, training_state_bytes,
                          update_batching)
 from mmrl.config import Config
@@ -166,11 +168,24 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         self.engine_version = self.version
         return 1
 
+    @register(Dispatch.RANK_ZERO)
+    def publish_weights(self, store: Any) -> int:
+        """The async mode's weight hand-off: every rank gathers the actor's full tensors (a collective), rank 0
+        puts them in Ray's object store once and hands the reference to ``store`` (the run's WeightStore) under
+        the actor's version, which it returns. The rollout pool's ranks read them from there."""
+        import ray
+
+        state = {name: tensor.detach().cpu() for name, tensor in self.hf_weights()}
+        if self.rank == 0:
+            ray.get(store.publish.remote(self.version, [ray.put(state)]))
+        return self.version
+
     @register(Dispatch.ONE_TO_ALL)
     def release_engine(self) -> None:
         """After a step's rollouts: with ``rollout.free_cache_engine``, the engine frees what it can (an hf
-        engine its own copy of the weights, vLLM its KV cache and weights where it can sleep)."""
-        if self.cfg.rollout.free_cache_engine and self.engine().release():
+        engine its own copy of the weights, vLLM its KV cache and weights where it can sleep). A worker without an
+        engine has nothing to free."""
+        if self.rollout is not None and self.cfg.rollout.free_cache_engine and self.rollout.release():
             self.engine_version = None
 
     def rollout_batch(self, prompts: Batch, params: SamplingParams, keep: bool, return_prompts: bool) -> Batch:
@@ -243,7 +258,8 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         return Batch(tensors={"ref_log_probs": logp})
 
     @register(Dispatch.DP_COMPUTE, fields=(*SCORED, "advantages"),
-              optional=("policy_mask", "old_log_probs", "ref_log_probs", *LOSS_FIELDS), prompts=True)
+              optional=("policy_mask", "old_log_probs", "ref_log_probs", IS_WEIGHTS, *LOSS_FIELDS),
+              prompts=True)
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """PPO epochs over the batch; returns metrics that are identical on every rank, the group's peak memory
         of the step so far among them. The weights' version moves on by one."""

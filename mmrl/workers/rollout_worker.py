@@ -1,0 +1,85 @@
+"""A rank of the async mode's rollout pool: the rollout engine alone, with a whole copy of the policy's weights.
+
+It generates for its share of a batch's prompts, as the hybrid worker does, and loads newer weights between
+generation batches, never inside one: the samples of a batch are all drawn with one weight version, which each
+records (``weight_version``). The weights come from the trainer through Ray's object store
+(:class:`mmrl.trainer.async_rl.WeightStore`): before each batch the rank asks the store for the newest version
+and, when it is newer than its own, loads it. On GPUs this is the seam for a NCCL or CUDA-IPC broadcast from the
+trainer's ranks (the store would then hand out a handle instead of the tensors).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from mmrl.config import Config
+from mmrl.controller import Dispatch, register
+from mmrl.controller.worker import Worker
+from mmrl.models.loading import load_processor
+from mmrl.protocol import Batch
+from mmrl.rollout import RolloutEngine, SamplingParams, build_rollout_engine
+from mmrl.rollout.samples import sample_encoded
+from mmrl.workers.prompts import PromptCache
+
+
+class RolloutWorker(Worker):
+    """One rank of the rollout pool. ``generate`` takes prompt rows and returns their samples."""
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self, cfg: Config, checkpoint: str, store: Any = None) -> int:
+        """The engine with ``checkpoint``'s weights (version 0); ``store``: the run's WeightStore actor (None: the
+        rank keeps its weights until :meth:`load_weights`). Seeded as the hybrid worker of the same rank is, so
+        that a run whose pool generates what the sync run's trainer would draws the same tokens."""
+        self.cfg, self.store = cfg, store
+        torch.manual_seed(cfg.seed + self.rank)
+        self.processor = load_processor(checkpoint)
+        self.engine: RolloutEngine = build_rollout_engine(cfg, checkpoint=checkpoint, processor=self.processor,
+                                                          device=self.device)
+        self.version = 0
+        self.prompt_cache = PromptCache(self.processor)
+        self.idle_since: float | None = None
+        self.waited_s = 0.0
+        return sum(p.numel() for p in self.engine.model.parameters()) if hasattr(self.engine, "model") else 0
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_weights(self, version: int, weights: dict[str, torch.Tensor]) -> int:
+        """Load ``weights`` (full tensors by Hugging Face name) as ``version``; returns the version held."""
+        self.engine.update_weights(weights.items())
+        self.version = version
+        return self.version
+
+    def pull_weights(self) -> None:
+        """The store's newest weights, when they are newer than this rank's."""
+        if self.store is None:
+            return
+        import ray
+
+        version, ref = ray.get(self.store.latest.remote())
+        if ref is not None and version > self.version:
+            self.load_weights(version, ray.get(ref[0]))
+
+    @register(Dispatch.DP_COMPUTE, fields=("messages", "images"), prompts=True, keep_prompts=False)
+    def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """prompts (one row per prompt) -> ``params.n`` samples per prompt, drawn with the newest weights the store
+        holds (see :func:`mmrl.rollout.samples.sample_encoded`), and ``rollout_wait_s`` (B,): on every row, how long
+        this rank had nothing to generate before this call (waiting for the trainer)."""
+        start = time.perf_counter()
+        waited = start - self.idle_since if self.idle_since is not None else 0.0
+        self.pull_weights()
+        encoded = self.prompt_cache.attach(prompts, keep=False)["prompt"]
+        real = int((~prompts["is_pad"]).sum()) if "is_pad" in prompts.tensors else len(prompts)
+        real = real or len(prompts)
+        out = sample_encoded(self.engine, encoded[:real], params, self.version)
+        if real < len(prompts):  # the dispatcher's padding rows get copies of the last real prompt's samples
+            last = list(range((real - 1) * params.n, real * params.n))
+            out = out.select([*range(len(out)), *last * (len(prompts) - real)])
+        self.idle_since = time.perf_counter()
+        out.tensors["rollout_wait_s"] = torch.full((len(out),), waited)
+        return out
+
+    @register(Dispatch.ONE_TO_ALL)
+    def weight_version(self) -> int:
+        return self.version
