@@ -149,14 +149,28 @@ class ScriptedCallsActor(ProbedActor):
         return sorted(key for key in self.prompt_cache.by_uid if "#" in key)
 
 
-class SlowRollout(RolloutWorker):
+class UnreliableRollout(RolloutWorker):
     """A rollout rank of the async mode that holds each batch ``DELAY_S`` longer after drawing it (with the weights
-    it pulled at the batch's start): a rollout pool slower than the trainer."""
+    it pulled at the batch's start): a rollout pool slower than the trainer. With ``die_on`` set (a batch number,
+    counted from 1 on each rank) the rank kills its own process at that batch, once per run: it leaves
+    ``<trainer.out_dir>/rollout_died`` behind, and the rebuilt pool's ranks find it and live."""
 
-    DELAY_S = 2.0
+    DELAY_S = 1.0
+    die_on = 2
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self, cfg: Any, checkpoint: str, store: Any = None) -> int:
+        self.batches = 0
+        self.marker = os.path.join(cfg.trainer.out_dir, "rollout_died")
+        return super().init_model(cfg, checkpoint, store)
 
     @register(Dispatch.DP_COMPUTE, fields=("messages", "images"), prompts=True, keep_prompts=False)
     def generate(self, prompts: Any, params: Any) -> Any:
+        self.batches += 1
+        if self.batches == self.die_on and not os.path.exists(self.marker):
+            os.makedirs(os.path.dirname(self.marker), exist_ok=True)
+            open(self.marker, "w").close()
+            os._exit(1)
         out = super().generate(prompts, params)
         time.sleep(self.DELAY_S)
         return out

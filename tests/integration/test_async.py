@@ -1,15 +1,25 @@
-"""The async mode on real Ray pools: with max_staleness=0 it trains on exactly what the sync mode does, and with a
-slow rollout rank no sample older than max_staleness is trained on."""
+"""The async mode on real Ray pools: with max_staleness=0 it trains on exactly what the sync mode does; with a slow
+rollout rank that dies once, no sample older than max_staleness is trained on and the pool is replaced without
+stopping the trainer; a resumed run trains the prompts the interrupted one had in flight."""
+
+import copy
+import shutil
 
 import torch
 from mlflow.tracking import MlflowClient
+from PIL import Image
 from safetensors.torch import load_file
+
+from data_prep.parquet import write_parquet
+from data_prep.pixels import encode_png
 
 from mmrl.run_config import prepare_run_config
 from mmrl.tracking import Tracker
 from mmrl.trainer.async_rl import AsyncRLTrainer
+from mmrl.trainer.checkpoint import resume_point
 from mmrl.trainer.rl import RLTrainer
-from pipelines.probes import SlowRollout
+from pipelines.probes import UnreliableRollout
+from mmrl.trainer.dataset import PromptLoader, load_rows
 
 
 def recording(base: type) -> type:
@@ -29,7 +39,7 @@ def recording(base: type) -> type:
 def fit(trainer, cfg):
     tracker = Tracker(cfg, cfg.trainer.experiment, "async-test", stage="rl")
     try:
-        trainer.fit(tracker)
+        trainer.fit(tracker, resume_point(cfg))
         tracker.finish()
     finally:
         trainer.close()
@@ -45,9 +55,27 @@ def configured(cfg, out, **trainer):
     return cfg
 
 
-def test_async_with_no_staleness_trains_on_what_sync_does(tiny_config, tmp_path):
-    import copy
+def mixed_data(tiny_data_dir, out):
+    """The tiny data's splits, its train split's first rows made text-only, two-image, video and image + video
+    prompts."""
+    rows = load_rows(tiny_data_dir, "train", limit=12)
+    clip = {"frames": [encode_png(Image.new("RGB", (56, 56), c)) for c in [(200, 20, 20)] * 2 + [(20, 200, 20)] * 2],
+            "timestamps": [0.0, 0.5, 1.0, 1.5]}
+    rows[0] |= {"messages": [{"role": "user", "content": "Name a colour."}], "images": []}
+    rows[1] |= {"messages": [{"role": "user", "content": "<image><image>Same colour?"}],
+                "images": [rows[1]["images"][0], rows[2]["images"][0]]}
+    rows[2] |= {"messages": [{"role": "user", "content": "<video>Which colour first?"}], "images": [], "videos": [clip]}
+    rows[3] |= {"messages": [{"role": "user", "content": "<image><video>Same?"}], "videos": [clip]}
+    out.mkdir()
+    write_parquet(rows, out / "train.parquet")
+    shutil.copyfile(tiny_data_dir / "val.parquet", out / "val.parquet")
+    return out
 
+
+def test_async_with_no_staleness_trains_on_what_sync_does(tiny_config, tiny_data_dir, tmp_path):
+    """On text, image, two-image, video and image + video prompts (the trainer encodes them itself, from the same
+    media the rollout pool got): the same samples, log-probs within 1e-4 of the engine's, the same weights."""
+    tiny_config.data.dir = str(mixed_data(tiny_data_dir, tmp_path / "data"))
     sync_cfg = configured(copy.deepcopy(tiny_config), tmp_path / "sync")
     sync = recording(RLTrainer)(sync_cfg)
     fit(sync, sync_cfg)
@@ -65,27 +93,54 @@ def test_async_with_no_staleness_trains_on_what_sync_does(tiny_config, tmp_path)
     assert ours.keys() == theirs.keys()
     for name in ours:
         assert torch.allclose(ours[name], theirs[name], atol=1e-6), name
-    metrics = MlflowClient(async_cfg.tracking.uri).get_run(run_id).data.metrics
+    client = MlflowClient(async_cfg.tracking.uri)
+    assert {p.step for p in client.get_metric_history(run_id, "rollout/logprob_diff_max")} == {1, 2, 3}
+    assert all(p.value < 1e-4 for p in client.get_metric_history(run_id, "rollout/logprob_diff_max"))
+    mixed = {str(r["id"]) for r in load_rows(tiny_config.data.dir, "train", limit=4)}
+    assert mixed <= {uid for r in asynchronous.trained for uid in r["uid"]}  # 12 rows, 3 x 4 prompts: one epoch
+    metrics = client.get_run(run_id).data.metrics
     assert metrics["async/staleness_max"] == 0 and metrics["async/dropped_groups"] == 0
     for key in ("timing_s/wait_rollout", "timing_s/wait_weights", "async/staleness_mean", "async/buffer_batches",
                 "val/acc"):
         assert key in metrics, key
 
 
-def test_a_slow_rollout_rank_never_gets_a_sample_past_max_staleness_trained(tiny_config, tmp_path):
+def test_a_slow_rollout_rank_that_dies_is_replaced_and_no_sample_past_max_staleness_is_trained(tiny_config, tmp_path):
     cfg = configured(tiny_config, tmp_path / "slow", mode="async", max_staleness=1, steps=4)
     cfg.actor.rollout_correction = "token"
-    prepare_run_config(cfg)
     trainer = recording(AsyncRLTrainer)(cfg)
-    trainer.rollout_worker = SlowRollout
+    trainer.rollout_worker = UnreliableRollout  # 1 s slower per batch; its process exits at its 2nd batch, once
     run_id = fit(trainer, cfg)
 
     stalenesses = [int(r["at"] - r["versions"].min()) for r in trainer.trained]
     assert len(stalenesses) == 4 and max(stalenesses) <= 1
     assert max(stalenesses) == 1  # the trainer did overlap with generation: a batch was drawn one version back
+    assert trainer.rollout_restarts == 1 and trainer.restarts == 0  # the pool was replaced, the trainer went on
+    loader = PromptLoader(load_rows(cfg.data.dir, "train"), cfg.trainer.prompts_per_step, cfg.seed)
+    assert [r["uid"][::cfg.rollout.n] for r in trainer.trained] == [list(loader.next_batch()["uid"]) for _ in range(4)]
     client = MlflowClient(cfg.tracking.uri)
     history = client.get_metric_history(run_id, "async/staleness_max")
     assert [p.value for p in sorted(history, key=lambda p: p.step)] == [float(s) for s in stalenesses]
     metrics = client.get_run(run_id).data.metrics
-    assert metrics["actor/rollout_is_max"] <= cfg.actor.rollout_is_cap
-    assert metrics["timing_s/wait_rollout"] > 0
+    assert 0 < metrics["actor/rollout_is_max"] <= cfg.actor.rollout_is_cap
+    assert metrics["async/rollout_restarts"] == 1
+
+
+def test_an_async_ppo_run_resumes_with_the_prompts_it_had_in_flight(tiny_config, tmp_path):
+    """PPO (a critic) in async mode, max_staleness=1: a run of 2 steps saves with batch 3 in flight; resumed to 3
+    steps it trains batch 3 (the loader counts only trained prompts), generated again."""
+    cfg = configured(tiny_config, tmp_path / "ppo", mode="async", max_staleness=1, steps=2)
+    cfg.algorithm.name = "ppo"
+    first = recording(AsyncRLTrainer)(cfg)
+    fit(first, cfg)
+    cfg.trainer.steps = 3
+    resumed = recording(AsyncRLTrainer)(cfg)
+    run_id = fit(resumed, cfg)
+
+    loader = PromptLoader(load_rows(cfg.data.dir, "train"), cfg.trainer.prompts_per_step, cfg.seed)
+    batches = [list(loader.next_batch()["uid"]) for _ in range(3)]
+    assert [r["uid"][::cfg.rollout.n] for r in first.trained] == batches[:2]
+    assert [r["uid"][::cfg.rollout.n] for r in resumed.trained] == batches[2:]
+    assert [r["at"] for r in resumed.trained] == [2]
+    metrics = MlflowClient(cfg.tracking.uri).get_run(run_id).data.metrics
+    assert "critic/vf_loss" in metrics and metrics["async/staleness_max"] <= 1
