@@ -16,9 +16,12 @@ optional dependency: ``make bench-peer`` installs it (``make install`` never doe
     MMRL_PEER_SIZES="16x8x16 64x8x32" python -m pipelines.bench_peer --config configs/demo.yaml  # other sizes
     MMRL_PEER_SIDES="mmrl-64-rows mmrl" python -m pipelines.bench_peer --config configs/demo.yaml  # other sides
 
-Sides (``$MMRL_PEER_SIDES``, default ``trl mmrl``; the ratio column compares each with the first): ``trl``,
-``mmrl``, and ``mmrl-64-rows``, mmrl at the row-count defaults it had before the token budgets (64 samples per
-generate call and per micro-batch).
+Sides (``$MMRL_PEER_SIDES``, default ``trl mmrl mmrl-async``; the ratio column compares each with the first):
+``trl``, ``mmrl``, ``mmrl-async`` (``trainer.mode=async``, ``max_staleness=1``: a one-rank rollout pool with one
+thread beside the trainer's rank with one thread, where the sync sides compute with all the threads; its
+"generate" is the step's wait for rollouts, and the last column gives that wait, the rollout pool's wait for
+weights and the mean staleness), and ``mmrl-64-rows``, mmrl at the row-count defaults it had before the token
+budgets (64 samples per generate call and per micro-batch).
 """
 
 from __future__ import annotations
@@ -41,8 +44,14 @@ from pipelines.cli import parse_command
 OUT = Path("outputs/bench_peer")
 SIZES = ((16, 8, 16), (64, 8, 32))  # prompts x samples x max new tokens; $MMRL_PEER_SIZES="2x2x4 8x4x8" overrides
 STEPS = 3
-SIDES = ("trl", "mmrl")
-MMRL_SIDES = {"mmrl": [], "mmrl-64-rows": ["rollout.micro_batch_size=64", "actor.micro_batch_size=64"]}
+SIDES = ("trl", "mmrl", "mmrl-async")
+MMRL_SIDES = {
+    "mmrl": [],
+    "mmrl-64-rows": ["rollout.micro_batch_size=64", "actor.micro_batch_size=64"],
+    # One thread for the rollout pool's rank, one for the trainer's: the two overlap on the same cores.
+    "mmrl-async": ["trainer.mode=async", "trainer.max_staleness=1", "rollout.num_workers=1",
+                   "resources.threads_per_worker=1"],
+}
 """The mmrl sides: the overrides each adds to the shared work."""
 
 
@@ -53,6 +62,8 @@ class SideResult:
     step_s: float
     phases: dict[str, float] = field(default_factory=dict)
     mean_length: float = 0.0
+    overlap: dict[str, float] = field(default_factory=dict)
+    """The async mode's: the trainer's wait for rollouts, the rollout pool's wait for weights (s), the staleness."""
 
     def samples_per_s(self, samples: int) -> float:
         return samples / self.step_s
@@ -85,10 +96,16 @@ def run_mmrl(cfg: Config) -> SideResult:
         return statistics.median(values) if values else 0.0
 
     step = median("timing_s/step")
-    gen = median("timing_s/gen")
     update = median("timing_s/update_actor")
+    overlap = {}
+    if cfg.trainer.mode == "async":  # generation runs beside the step: the step sees only its wait for it
+        gen = median("timing_s/wait_rollout")
+        overlap = {"wait_rollout": gen, "wait_weights": median("timing_s/wait_weights"),
+                   "staleness": median("async/staleness_mean")}
+    else:
+        gen = median("timing_s/gen")
     return SideResult(step, {"generate": gen, "score+log-probs": step - gen - update, "update": update},
-                      median("response_length/mean"))
+                      median("response_length/mean"), overlap)
 
 
 def trl_dataset(rows: list[dict[str, Any]]) -> Any:
@@ -177,7 +194,7 @@ Result = tuple[tuple[int, int, int], dict[str, SideResult]]
 
 def print_rows(results: list[Result]) -> None:
     header = ["work (P x n x T)", "side", "samples/s", "step s", "generate s", "score+log-probs s", "update s",
-              "mean length", "vs first"]
+              "mean length", "vs first", "async: wait rollout s / wait weights s / staleness"]
     rows = []
     for (p, n, t), sides in results:
         first = next(iter(sides.values()))
@@ -185,7 +202,9 @@ def print_rows(results: list[Result]) -> None:
             ratio = side.samples_per_s(p * n) / first.samples_per_s(p * n)
             rows.append([f"{p}x{n}x{t}", name, f"{side.samples_per_s(p * n):.1f}", f"{side.step_s:.3f}",
                          *(f"{side.phases[k]:.3f}" for k in ("generate", "score+log-probs", "update")),
-                         f"{side.mean_length:.1f}", f"{ratio:.2f}x" if index else ""])
+                         f"{side.mean_length:.1f}", f"{ratio:.2f}x" if index else "",
+                         " / ".join(f"{side.overlap[k]:.3f}" if k != "staleness" else f"{side.overlap[k]:.2f}"
+                                    for k in ("wait_rollout", "wait_weights", "staleness")) if side.overlap else ""])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     print(f"\nGRPO step, {' vs '.join(results[0][1])}, same model and work; median of {STEPS} steps after a warm-up")
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
