@@ -67,3 +67,19 @@ def sample_encoded(engine: RolloutEngine, prompts: Sequence[EncodedPrompt], para
         },
         objects=objects,
     )
+
+
+def real_prompts(prompts: Batch) -> int:
+    """How many of a rank's prompt rows are real: the dispatcher pads a rank with copies of its last prompt
+    (``is_pad``); a rank with only padding counts all its rows, so that it returns rows of the right shape."""
+    real = int((~prompts["is_pad"]).sum()) if "is_pad" in prompts.tensors else len(prompts)
+    return real or len(prompts)
+
+
+def pad_samples(samples: Batch, real: int, rows: int, n: int) -> Batch:
+    """The samples of a rank's ``real`` prompts, with copies of the last real prompt's ``n`` samples for each of its
+    ``rows - real`` padding rows (the driver drops them)."""
+    if real == rows:
+        return samples
+    last = list(range((real - 1) * n, real * n))
+    return samples.select([*range(len(samples)), *last * (rows - real)])

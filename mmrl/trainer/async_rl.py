@@ -15,7 +15,7 @@ flight; a batch was submitted after the update ``max_staleness`` versions before
 no sample is ever older than ``max_staleness`` and none is wasted, and ``max_staleness=0`` is the sync run
 (the same prompts, the same seeded draws, the same weights). With ``drop`` one more batch is in flight, so the
 pool does not wait for the trainer's weights, and a batch that arrives older than ``max_staleness`` is
-dropped (``async/dropped_groups`` counts its groups) and its prompts are not counted as trained.
+dropped (``async/dropped_groups`` counts its groups; its prompts are skipped, as a filter would skip them).
 
 **Resume.** A checkpoint records the loader as it was before the oldest untrained batch was drawn: a resumed
 run draws the in-flight prompts again and generates them with its current weights (the buffer is regenerated,
@@ -30,6 +30,7 @@ import copy
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -112,7 +113,7 @@ class AsyncRLTrainer(RLTrainer):
                                         timeout_s=cfg.trainer.step_timeout_s)
         self.rollout_pool.init_model(cfg, self.checkpoint, self.store)
 
-    def restore(self, folder) -> None:  # type: ignore[no-untyped-def]
+    def restore(self, folder: Path) -> None:
         super().restore(folder)
         self.to_publish = True
 

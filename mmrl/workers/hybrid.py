@@ -45,7 +45,7 @@ from mmrl.models.weights import to_hf_names
 from mmrl.parallel.sharding import full_state
 from mmrl.protocol import Batch
 from mmrl.rollout import RolloutEngine, SamplingParams, build_rollout_engine
-from mmrl.rollout.samples import sample_encoded
+from mmrl.rollout.samples import pad_samples, real_prompts, sample_encoded
 from mmrl.workers.actor import LogProbSpec, PolicyUpdater, batched_logprobs
 from mmrl.workers.model_builder import build_model
 from mmrl.workers.prompts import SCORED, PromptCache
@@ -193,16 +193,12 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         generated for: they get copies of the last real prompt's samples, which the driver drops."""
         encoded = self.prompt_cache.attach(prompts, keep=keep)["prompt"]
         self.sync_weights(wake=True)  # a no-op after the driver's update_weights stage
-        real = int((~prompts["is_pad"]).sum()) if "is_pad" in prompts.tensors else len(prompts)
-        real = real or len(prompts)  # a rank with only padding still returns rows of the right shape
+        real = real_prompts(prompts)
         if self.agent is not None:
             out = self.episodes(encoded[:real], params, keep, return_prompts)
         else:
             out = sample_encoded(self.engine(), encoded[:real], params, self.version, with_prompts=return_prompts)
-        if real == len(prompts):
-            return out
-        last = list(range((real - 1) * params.n, real * params.n))
-        return out.select([*range(len(out)), *last * (len(prompts) - real)])
+        return pad_samples(out, real, len(prompts), params.n)
 
     def episodes(self, encoded: list, params: SamplingParams, keep: bool, return_prompts: bool) -> Batch:
         """The agent's samples for these prompts; with ``keep`` the rank holds each sample's scoring context

@@ -21,7 +21,7 @@ from mmrl.controller.worker import Worker
 from mmrl.models.loading import load_processor
 from mmrl.protocol import Batch
 from mmrl.rollout import RolloutEngine, SamplingParams, build_rollout_engine
-from mmrl.rollout.samples import sample_encoded
+from mmrl.rollout.samples import pad_samples, real_prompts, sample_encoded
 from mmrl.workers.prompts import PromptCache
 
 
@@ -32,7 +32,8 @@ class RolloutWorker(Worker):
     def init_model(self, cfg: Config, checkpoint: str, store: Any = None) -> int:
         """The engine with ``checkpoint``'s weights (version 0); ``store``: the run's WeightStore actor (None: the
         rank keeps its weights until :meth:`load_weights`). Seeded as the hybrid worker of the same rank is, so
-        that a run whose pool generates what the sync run's trainer would draws the same tokens."""
+        that a run whose pool generates what the sync run's trainer would draws the same tokens. Returns the weights'
+        version (0)."""
         self.cfg, self.store = cfg, store
         torch.manual_seed(cfg.seed + self.rank)
         self.processor = load_processor(checkpoint)
@@ -41,8 +42,7 @@ class RolloutWorker(Worker):
         self.version = 0
         self.prompt_cache = PromptCache(self.processor)
         self.idle_since: float | None = None
-        self.waited_s = 0.0
-        return sum(p.numel() for p in self.engine.model.parameters()) if hasattr(self.engine, "model") else 0
+        return self.version
 
     @register(Dispatch.ONE_TO_ALL)
     def load_weights(self, version: int, weights: dict[str, torch.Tensor]) -> int:
@@ -70,12 +70,9 @@ class RolloutWorker(Worker):
         waited = start - self.idle_since if self.idle_since is not None else 0.0
         self.pull_weights()
         encoded = self.prompt_cache.attach(prompts, keep=False)["prompt"]
-        real = int((~prompts["is_pad"]).sum()) if "is_pad" in prompts.tensors else len(prompts)
-        real = real or len(prompts)
-        out = sample_encoded(self.engine, encoded[:real], params, self.version)
-        if real < len(prompts):  # the dispatcher's padding rows get copies of the last real prompt's samples
-            last = list(range((real - 1) * params.n, real * params.n))
-            out = out.select([*range(len(out)), *last * (len(prompts) - real)])
+        real = real_prompts(prompts)
+        out = pad_samples(sample_encoded(self.engine, encoded[:real], params, self.version), real, len(prompts),
+                          params.n)
         self.idle_since = time.perf_counter()
         out.tensors["rollout_wait_s"] = torch.full((len(out),), waited)
         return out

@@ -144,3 +144,19 @@ def test_an_async_ppo_run_resumes_with_the_prompts_it_had_in_flight(tiny_config,
     assert [r["at"] for r in resumed.trained] == [2]
     metrics = MlflowClient(cfg.tracking.uri).get_run(run_id).data.metrics
     assert "critic/vf_loss" in metrics and metrics["async/staleness_max"] <= 1
+
+
+def test_the_drop_policy_trains_only_fresh_batches_and_counts_the_dropped(tiny_config, tmp_path):
+    """stale_policy=drop, max_staleness=0: a batch drawn while the trainer was updating is one version old when its
+    turn comes, so it is dropped; every trained sample is from the trainer's current weights."""
+    cfg = configured(tiny_config, tmp_path / "drop", mode="async", max_staleness=0, stale_policy="drop", steps=3)
+    trainer = recording(AsyncRLTrainer)(cfg)
+    run_id = fit(trainer, cfg)
+
+    assert [r["at"] for r in trainer.trained] == [0, 1, 2]
+    for record in trainer.trained:
+        assert torch.equal(record["versions"], torch.full_like(record["versions"], record["at"]))
+    client = MlflowClient(cfg.tracking.uri)
+    dropped = [p.value for p in client.get_metric_history(run_id, "async/dropped_groups")]
+    assert len(dropped) == 3 and sum(dropped) >= cfg.trainer.prompts_per_step  # at least one batch was dropped
+    assert all(d % cfg.trainer.prompts_per_step == 0 for d in dropped)  # whole batches
