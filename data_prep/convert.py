@@ -180,19 +180,21 @@ def convert_jsonl(
     count_tokens: TokenCounter | None = None,
     max_prompt_tokens: int = 0,
     video_limits: VideoLimits | None = None,
+    sizing: str = "mmrl",
 ) -> ConvertReport:
     """Convert a JSONL + media folder (``image_dir``) to a parquet file; bad lines go to quarantine.
 
     Row ids default to ``"<jsonl stem>-<line number>"`` unless a line has ``id``.
     The quarantine file is always written (empty when every line is good).
     ``count_tokens`` and ``max_prompt_tokens`` (> 0) quarantine over-long prompts. ``video_limits``
-    default to 2 fps, 2..16 frames, each within the image budget and 8 frames' worth in all.
+    default to 2 fps, 2..16 frames, each within the image budget and 8 frames' worth in all. ``sizing``: how images
+    are fitted to the budget (:data:`data_prep.pixels.SIZINGS`; the video limits carry their own).
     """
     jsonl_path, media_dir = Path(jsonl_path), Path(image_dir)
     _check_inputs(jsonl_path, media_dir)
-    images = ImageLimits(min_pixels, max_pixels, factor, max_file_bytes, max_source_pixels)
+    images = ImageLimits(min_pixels, max_pixels, factor, max_file_bytes, max_source_pixels, sizing)
     videos = video_limits or VideoLimits(min_pixels=min_pixels, frame_max_pixels=max_pixels,
-                                         total_max_pixels=8 * max_pixels, factor=factor)
+                                         total_max_pixels=8 * max_pixels, factor=factor, sizing=sizing)
     with RowConverter(media_dir, images, videos, data_source_default, count_tokens, max_prompt_tokens) as converter:
         rows, quarantined, report = convert_lines(jsonl_path.read_bytes().splitlines(), converter, jsonl_path.stem)
     write_parquet(rows, out_parquet)

@@ -1,8 +1,13 @@
 """Fitting images to a pixel budget whose sides are multiples of a patch factor.
 
 A vision encoder with patch size 14 and 2x2 patch merging wants both sides to
-be multiples of 28 and the total pixel count bounded (the same idea as
-Qwen2-VL's ``smart_resize``, written independently here).
+be multiples of 28 and the total pixel count bounded.
+
+Two sizings (``sizing``): ``qwen`` is qwen-vl-utils' own ``smart_resize`` (what Qwen's tools and vLLM's Qwen
+processors give a model of those families), used wherever its answer is a usable size; mmrl's own rule
+(``mmrl``, the same idea written independently, and the fallback) also covers what ``smart_resize`` does not:
+aspect ratios over 200 (it raises) and budgets where its rounding lands outside ``[min_pixels, max_pixels]`` or
+below one factor a side.
 """
 
 from __future__ import annotations
@@ -78,17 +83,40 @@ def _nearest_in_budget(width: int, height: int, min_pixels: int, max_pixels: int
     return best[1] * factor, best[2] * factor
 
 
+SIZINGS = ("mmrl", "qwen")
+
+
+def qwen_size(width: int, height: int, min_pixels: int, max_pixels: float, factor: int) -> tuple[int, int] | None:
+    """qwen-vl-utils' ``smart_resize`` as (new_w, new_h), or None where it raises or its answer is out of budget."""
+    from qwen_vl_utils.vision_process import smart_resize
+
+    try:
+        new_h, new_w = smart_resize(height, width, factor, min_pixels=min_pixels, max_pixels=max_pixels)
+    except ValueError:  # an aspect ratio over its MAX_RATIO
+        return None
+    if min(new_w, new_h) < factor or not min_pixels <= new_w * new_h <= max_pixels:
+        return None
+    return new_w, new_h
+
+
 def fit_pixel_budget(
-    width: int, height: int, min_pixels: int, max_pixels: int, factor: int = 28
+    width: int, height: int, min_pixels: int, max_pixels: int, factor: int = 28, sizing: str = "mmrl"
 ) -> tuple[int, int]:
     """Size (new_w, new_h) near width x height with sides multiples of factor.
 
     The aspect ratio is kept as far as rounding allows, and
-    ``min_pixels <= new_w * new_h <= max_pixels``.
+    ``min_pixels <= new_w * new_h <= max_pixels``. ``sizing="qwen"``: qwen-vl-utils' answer where it has a usable
+    one (:func:`qwen_size`), else mmrl's.
     """
     if width < 1 or height < 1:
         raise ValueError(f"image size {width}x{height} must be positive in both sides")
     validate_budget(min_pixels, max_pixels, factor)
+    if sizing not in SIZINGS:
+        raise ValueError(f"sizing={sizing!r} is unknown; allowed: {', '.join(SIZINGS)}")
+    if sizing == "qwen":
+        size = qwen_size(width, height, min_pixels, max_pixels, factor)
+        if size is not None:
+            return size
     new_w, new_h = _scaled(width, height, min_pixels, max_pixels, factor)
     if min_pixels <= new_w * new_h <= max_pixels:
         return new_w, new_h
@@ -107,9 +135,10 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return Image.alpha_composite(white, rgba).convert("RGB")
 
 
-def resize_to_budget(img: Image.Image, min_pixels: int, max_pixels: int, factor: int = 28) -> Image.Image:
-    """An RGB copy of ``img`` resized to fit the pixel budget."""
-    size = fit_pixel_budget(img.width, img.height, min_pixels, max_pixels, factor)
+def resize_to_budget(img: Image.Image, min_pixels: int, max_pixels: int, factor: int = 28,
+                     sizing: str = "mmrl") -> Image.Image:
+    """An RGB copy of ``img`` resized (bicubic, as qwen-vl-utils' ``fetch_image``) to fit the pixel budget."""
+    size = fit_pixel_budget(img.width, img.height, min_pixels, max_pixels, factor, sizing)
     rgb = to_rgb(img)
     if rgb.size == size:
         return rgb.copy()

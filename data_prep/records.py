@@ -42,6 +42,8 @@ class ImageLimits:
     factor: int = 28
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     max_source_pixels: int = DEFAULT_MAX_SOURCE_PIXELS
+    sizing: str = "mmrl"
+    """How an image is fitted to the budget (:data:`data_prep.pixels.SIZINGS`): ``qwen`` for the Qwen families."""
 
     def __post_init__(self) -> None:
         validate_budget(self.min_pixels, self.max_pixels, self.factor)
@@ -231,7 +233,8 @@ class RowConverter:
 
     def _image(self, rel: str) -> Image.Image:
         img = load_source_image(resolve_media(self.media_dir, rel), self.images)
-        return resize_to_budget(img, self.images.min_pixels, self.images.max_pixels, self.images.factor)
+        return resize_to_budget(img, self.images.min_pixels, self.images.max_pixels, self.images.factor,
+                                self.images.sizing)
 
     def _video(self, rel: str) -> dict[str, Any]:
         path = resolve_media(self.media_dir, rel, "video")

@@ -20,7 +20,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from data_prep.pixels import encode_png, fit_pixel_budget, validate_budget
+from data_prep.pixels import encode_png, fit_pixel_budget, qwen_size, validate_budget
 from data_prep.rejects import RowRejected
 
 
@@ -37,6 +37,8 @@ class VideoLimits:
     max_frames: int = 16
     max_seconds: float = 600.0
     timeout_s: float = 60.0
+    sizing: str = "mmrl"
+    """``qwen``: frames counted, chosen and sized by qwen-vl-utils' rules (:func:`qwen_plan`); ``mmrl``: mmrl's."""
 
     def __post_init__(self) -> None:
         validate_budget(self.min_pixels, self.frame_max_pixels, self.factor)
@@ -58,7 +60,12 @@ class Plan:
 
 
 def plan_sampling(total_frames: int, native_fps: float, width: int, height: int, limits: VideoLimits) -> Plan:
-    """The frame indices and the frame size for a video of ``total_frames`` at ``native_fps``."""
+    """The frame indices and the frame size for a video of ``total_frames`` at ``native_fps`` (qwen-vl-utils' with
+    ``sizing="qwen"`` where its rules give a plan, else mmrl's)."""
+    if limits.sizing == "qwen":
+        plan = qwen_plan(total_frames, native_fps, width, height, limits)
+        if plan is not None:
+            return plan
     duration = total_frames / native_fps
     wanted = min(max(round(duration * limits.fps), limits.min_frames), limits.max_frames, total_frames)
     count = _even(wanted)
@@ -70,6 +77,31 @@ def plan_sampling(total_frames: int, native_fps: float, width: int, height: int,
     step = (total_frames - 1) / max(count - 1, 1)
     indices = sorted({min(total_frames - 1, round(i * step)) for i in range(count)})
     return Plan(indices=indices, size=size, sampled_down=count < min(round(duration * limits.fps), total_frames))
+
+
+def qwen_plan(total_frames: int, native_fps: float, width: int, height: int, limits: VideoLimits) -> Plan | None:
+    """qwen-vl-utils' plan (``fetch_video`` with decord): its frame count (``smart_nframes`` at ``limits.fps``
+    within ``min_frames`` and ``max_frames``), its indices (``linspace(0, total - 1, count)``, rounded by torch),
+    its per-frame budget (``total_max_pixels / count * 2``, the temporal patch covering two frames, within
+    ``frame_max_pixels`` and at least ``1.05 * min_pixels``) and its ``smart_resize``. None where its rules
+    refuse the video (a count outside [2, total], a size out of budget): mmrl's plan is used then."""
+    import torch
+    from qwen_vl_utils.vision_process import FRAME_FACTOR, VIDEO_MAX_TOKEN_NUM, smart_nframes
+
+    rules = {"fps": limits.fps, "min_frames": limits.min_frames, "max_frames": limits.max_frames}
+    try:
+        count = smart_nframes(rules, total_frames=total_frames, video_fps=native_fps)
+    except ValueError:
+        return None
+    ceiling = VIDEO_MAX_TOKEN_NUM * limits.factor**2  # qwen-vl-utils' own cap on a frame, then the caller's
+    per_frame = min(max(min(ceiling, limits.total_max_pixels / count * FRAME_FACTOR), int(limits.min_pixels * 1.05)),
+                    limits.frame_max_pixels)
+    size = qwen_size(width, height, limits.min_pixels, per_frame, limits.factor)
+    if size is None:
+        return None
+    indices = torch.linspace(0, total_frames - 1, count).round().long().tolist()
+    return Plan(indices=indices, size=size, sampled_down=count < min(round(total_frames / native_fps * limits.fps),
+                                                                       total_frames))
 
 
 def _even(count: int) -> int:

@@ -149,7 +149,9 @@ class DataConfig:
     """Pixel budget, lower bound, applied to a user's images."""
     max_pixels: int = num(448 * 448, ge=1)
     """Pixel budget, upper bound, applied to a user's images (sides are rounded to multiples of the model's
-    patch size times its merge size, read from the processor at ``model.path``)."""
+    patch size times its merge size, read from the processor at ``model.path``). For the Qwen families the size is
+    qwen-vl-utils' ``smart_resize`` (the same as Qwen's tools and vLLM give), mmrl's own rule only where it has no
+    usable answer (an aspect ratio over 200, a budget its rounding misses)."""
     jsonl: str = ""
     """A user's JSONL of {prompt, image|images, answer}: when set, ``make data`` converts it instead."""
     image_dir: str = ""
@@ -167,7 +169,10 @@ class DataConfig:
     video_frame_max_pixels: int = num(224 * 224, ge=1)
     """Pixel budget of one video frame (lower bound: ``min_pixels``)."""
     video_max_pixels: int = num(8 * 224 * 224, ge=1)
-    """Pixel budget of all of a video's frames together: frames shrink first, then fewer are kept."""
+    """Pixel budget of all of a video's frames together: frames shrink first, then fewer are kept. For the Qwen
+    families, qwen-vl-utils' rules (its ``total_pixels``): the frame count comes from ``video_fps`` and the frame
+    limits, and each frame gets ``video_max_pixels / frames * 2`` (a temporal patch covers two frames), within
+    ``video_frame_max_pixels``."""
     max_video_seconds: float = num(600.0, gt=0)
     """A longer video is quarantined (``video_too_long``)."""
     video_timeout_s: float = num(60.0, gt=0)

@@ -29,6 +29,7 @@ from data_prep.zoom_task import TASK as ZOOM
 from data_prep.zoom_task import ZoomTaskSpec, write_zoom_splits
 from mmrl.config import Config
 from mmrl.models.encoding import encode_prompt
+from mmrl.models.families import family_of_processor
 from mmrl.models.loading import load_processor, patch_factor
 from mmrl.schema import IMAGE_PLACEHOLDER, Video
 from pipelines.cli import parse
@@ -74,18 +75,19 @@ def synthetic(cfg: Config) -> None:
         tqdm.write(f"data: {split:5s} {len(rows):5d} rows {dict(mix)} -> {path}")
 
 
-def video_limits(cfg: Config, factor: int) -> VideoLimits:
+def video_limits(cfg: Config, factor: int, sizing: str = "mmrl") -> VideoLimits:
     data = cfg.data
     return VideoLimits(min_pixels=data.min_pixels, frame_max_pixels=data.video_frame_max_pixels,
                        total_max_pixels=data.video_max_pixels, factor=factor, fps=data.video_fps,
                        min_frames=data.video_min_frames, max_frames=data.video_max_frames,
-                       max_seconds=data.max_video_seconds, timeout_s=data.video_timeout_s)
+                       max_seconds=data.max_video_seconds, timeout_s=data.video_timeout_s, sizing=sizing)
 
 
 def convert(cfg: Config) -> None:
     out = Path(cfg.data.dir)
     processor = load_processor(cfg.model.path)  # sizes the media and counts the prompt tokens
     factor = patch_factor(processor)
+    sizing = family_of_processor(processor).media_sizing  # qwen-vl-utils' sizes for the Qwen families
 
     def count_tokens(prompt: str, images: list, videos: list[Video]) -> int:
         return len(encode_prompt(processor, [{"role": "user", "content": prompt}], images, videos))
@@ -94,7 +96,7 @@ def convert(cfg: Config) -> None:
         cfg.data.jsonl, cfg.data.image_dir or Path(cfg.data.jsonl).parent, out / f"{cfg.data.split}.parquet",
         out / f"{cfg.data.split}.quarantine.jsonl", min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels,
         factor=factor, count_tokens=count_tokens, max_prompt_tokens=cfg.data.max_prompt_tokens,
-        video_limits=video_limits(cfg, factor),
+        video_limits=video_limits(cfg, factor, sizing), sizing=sizing,
     )
     print(report.summary())
 

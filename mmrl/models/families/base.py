@@ -73,6 +73,9 @@ class Family:
     """Rows of the position ids: 1 (plain 1-D positions) or 3 (time, height, width)."""
     takes_video: bool = False
     """Whether the family's processor and model take ``<video>`` prompts."""
+    media_sizing: str = "mmrl"
+    """How data prep sizes the family's images and samples its videos (:data:`data_prep.pixels.SIZINGS`): ``qwen``,
+    qwen-vl-utils' rules, for the families Qwen's tools and vLLM's processors serve that way."""
     engine_media_kinds: tuple[str, ...] = ("image",)
     """The media kinds vLLM's implementation of the family takes."""
 

@@ -100,6 +100,7 @@ class Qwen2VL(Family):
     position_axes = 3
     takes_video = True
     engine_media_kinds = ("image", "video")
+    media_sizing = "qwen"  # and the subclasses, Qwen2.5-VL and Qwen3-VL
     default_patch_size = 14
 
     # ---- checkpoints ---------------------------------------------------------------------------
