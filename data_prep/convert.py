@@ -39,7 +39,9 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,7 @@ from data_prep.records import (  # noqa: F401  (ImageLimits and load_source_imag
     load_source_image,
 )
 from data_prep.parquet import write_parquet
+from data_prep.peer_formats import FORMATS, Source, peer_sources
 from data_prep.video import VideoLimits
 
 
@@ -112,10 +115,9 @@ def _check_text(record: dict[str, Any]) -> None:
                 raise RowRejected("bad_text", f"a string holds an invalid character ({err}); fix the text") from err
 
 
-def _quarantine(entries: list[dict[str, Any]], report: ConvertReport, line_no: int, raw: bytes,
+def _quarantine(entries: list[dict[str, Any]], report: ConvertReport, line_no: int, text: str,
                 err: RowRejected) -> None:
-    entries.append({"line": line_no, "kind": err.kind, "reason": err.reason,
-                    "text": raw.decode("utf-8", errors="replace")})
+    entries.append({"line": line_no, "kind": err.kind, "reason": err.reason, "text": text})
     report.reasons[err.kind] += 1
 
 
@@ -129,9 +131,13 @@ def _write_jsonl(entries: list[dict[str, Any]], path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _check_inputs(jsonl_path: Path, media_dir: Path) -> None:
-    if not jsonl_path.is_file():
-        raise ValueError(f"JSONL file {jsonl_path} does not exist; pass the path of your data file")
+def _check_inputs(jsonl_path: Path, media_dir: Path, fmt: str = "jsonl") -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"data format {fmt!r} is unknown; allowed: {', '.join(FORMATS)}")
+    if fmt == "hf" and not jsonl_path.is_dir():
+        raise ValueError(f"{jsonl_path} is not a folder; data.format=hf reads a datasets folder (save_to_disk)")
+    if fmt != "hf" and not jsonl_path.is_file():
+        raise ValueError(f"data file {jsonl_path} does not exist; pass the path of your data file")
     if not media_dir.is_dir():
         raise ValueError(f"media folder {media_dir} does not exist; pass the folder the paths are relative to")
 
@@ -139,21 +145,27 @@ def _check_inputs(jsonl_path: Path, media_dir: Path) -> None:
 def convert_lines(lines: list[bytes], converter: RowConverter, id_prefix: str
                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ConvertReport]:
     """Rows, quarantine entries and the report for JSONL ``lines`` (blank ones are skipped, not counted)."""
+    sources = ((line_no, raw.decode("utf-8", errors="replace"), partial(_parse_line, raw))
+               for line_no, raw in enumerate(lines, start=1) if raw.strip())
+    return convert_records(sources, converter, id_prefix, total=sum(1 for raw in lines if raw.strip()))
+
+
+def convert_records(sources: Iterable[Source], converter: RowConverter, id_prefix: str, total: int | None = None
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ConvertReport]:
+    """Rows, quarantine entries and the report for ``sources``: every one is written or quarantined."""
     report, rows, quarantined = ConvertReport(), [], []
     seen_ids: set[str] = set()
-    for line_no, raw in tqdm(enumerate(lines, start=1), total=len(lines), desc="convert", unit="line"):
-        if not raw.strip():
-            continue
+    for line_no, text, read in tqdm(sources, total=total, desc="convert", unit="row"):
         report.num_in += 1
         try:
-            row = converter.convert(_parse_line(raw), f"{id_prefix}-{line_no}")
+            row = converter.convert(read(), f"{id_prefix}-{line_no}")
             if row["id"] in seen_ids:
                 raise RowRejected("duplicate_id", f"id {row['id']!r} was used by an earlier line; make ids unique")
         except RowRejected as err:
-            _quarantine(quarantined, report, line_no, raw, err)
+            _quarantine(quarantined, report, line_no, text, err)
             continue
         except Exception as err:  # the stage's promise: no input line can abort it
-            _quarantine(quarantined, report, line_no, raw, RowRejected("error", f"{type(err).__name__}: {err}"))
+            _quarantine(quarantined, report, line_no, text, RowRejected("error", f"{type(err).__name__}: {err}"))
             continue
         seen_ids.add(row["id"])
         rows.append(row)
@@ -181,6 +193,8 @@ def convert_jsonl(
     max_prompt_tokens: int = 0,
     video_limits: VideoLimits | None = None,
     sizing: str = "mmrl",
+    fmt: str = "jsonl",
+    split: str = "train",
 ) -> ConvertReport:
     """Convert a JSONL + media folder (``image_dir``) to a parquet file; bad lines go to quarantine.
 
@@ -188,15 +202,22 @@ def convert_jsonl(
     The quarantine file is always written (empty when every line is good).
     ``count_tokens`` and ``max_prompt_tokens`` (> 0) quarantine over-long prompts. ``video_limits``
     default to 2 fps, 2..16 frames, each within the image budget and 8 frames' worth in all. ``sizing``: how images
-    are fitted to the budget (:data:`data_prep.pixels.SIZINGS`; the video limits carry their own).
+    are fitted to the budget (:data:`data_prep.pixels.SIZINGS`; the video limits carry their own). ``fmt``: the
+    input's layout, ``jsonl`` (mmrl's, above) or a peer's (:mod:`data_prep.peer_formats`: ``verl`` and ``easyr1``
+    parquet files, ``hf`` a ``datasets`` folder, whose ``split`` is read when it holds several).
     """
     jsonl_path, media_dir = Path(jsonl_path), Path(image_dir)
-    _check_inputs(jsonl_path, media_dir)
+    _check_inputs(jsonl_path, media_dir, fmt)
     images = ImageLimits(min_pixels, max_pixels, factor, max_file_bytes, max_source_pixels, sizing)
     videos = video_limits or VideoLimits(min_pixels=min_pixels, frame_max_pixels=max_pixels,
                                          total_max_pixels=8 * max_pixels, factor=factor, sizing=sizing)
     with RowConverter(media_dir, images, videos, data_source_default, count_tokens, max_prompt_tokens) as converter:
-        rows, quarantined, report = convert_lines(jsonl_path.read_bytes().splitlines(), converter, jsonl_path.stem)
+        if fmt == "jsonl":
+            rows, quarantined, report = convert_lines(jsonl_path.read_bytes().splitlines(), converter,
+                                                      jsonl_path.stem)
+        else:
+            sources = peer_sources(jsonl_path, fmt, split, videos.fps)
+            rows, quarantined, report = convert_records(sources, converter, jsonl_path.stem, total=len(sources))
     write_parquet(rows, out_parquet)
     _write_jsonl(quarantined, Path(quarantine_path))
     return report

@@ -7,6 +7,7 @@ A record that cannot become a row raises :class:`~data_prep.rejects.RowRejected`
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,13 +19,13 @@ from PIL import Image, ImageOps
 
 from data_prep.pixels import encode_png, resize_to_budget, to_rgb, validate_budget
 from data_prep.rejects import RowRejected
-from data_prep.video import VideoLimits, VideoReader
+from data_prep.video import VideoLimits, VideoReader, plan_sampling
 from mmrl.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Video, decode_video, make_row, validate_row
 
 DEFAULT_MAX_FILE_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_VIDEO_BYTES = 500 * 1024 * 1024
 DEFAULT_MAX_SOURCE_PIXELS = 50_000_000
-KNOWN_FIELDS = ("id", "prompt", "image", "images", "video", "videos", "answer", "data_source")
+KNOWN_FIELDS = ("id", "prompt", "system", "image", "images", "video", "videos", "answer", "data_source")
 # Chat-template control tokens (<|im_end|>, <|image_pad|>, ...): in user text they would end a turn early
 # or desynchronise the image tokens from the image features.
 _CONTROL_TOKEN = re.compile(r"<\|[^<>|\s]{1,64}\|>")
@@ -83,15 +84,49 @@ def _prompt(record: dict[str, Any]) -> str:
     return prompt
 
 
-def _paths(record: dict[str, Any], kind: str) -> list[str]:
-    """The paths of ``kind`` ("image" or "video") from ``kind`` or ``kind + "s"``; may be empty."""
+@dataclass(frozen=True)
+class InlineImage:
+    """An image given by its encoded bytes (a peer format's ``{"bytes": ...}``), named ``name`` in messages."""
+
+    data: bytes
+    name: str
+
+
+@dataclass(frozen=True)
+class FrameList:
+    """A video given as its frames (paths or inline images), taken at ``fps`` frames a second."""
+
+    frames: tuple[str | InlineImage, ...]
+    fps: float
+
+
+MediaItem = str | InlineImage | FrameList
+"""A record's image or video: a path relative to the media folder (JSONL records have only these), or what the
+peer formats' readers (:mod:`data_prep.peer_formats`) give besides."""
+
+
+def _system(record: dict[str, Any]) -> str:
+    """The optional system message's text (media placeholders are not allowed in it)."""
+    system = record.get("system", "")
+    if not isinstance(system, str):
+        raise RowRejected("bad_field", f"'system' is {type(system).__name__}; write it as a string")
+    if IMAGE_PLACEHOLDER in system or VIDEO_PLACEHOLDER in system:
+        raise RowRejected("placeholder_mismatch", "the system message holds a media placeholder; put the media "
+                                                  "in the user message")
+    check_control_tokens("system", system)
+    return system
+
+
+def _paths(record: dict[str, Any], kind: str) -> list[MediaItem]:
+    """The media of ``kind`` ("image" or "video") from ``kind`` or ``kind + "s"``; may be empty."""
     one, many = kind, f"{kind}s"
     if one in record and many in record:
         raise RowRejected("bad_field", f"both {one!r} and {many!r} are given; keep only one")
     if one not in record and many not in record:
         return []
     paths = [record[one]] if one in record else record[many]
-    if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
+    allowed = (InlineImage,) if kind == "image" else (FrameList,)
+    if not isinstance(paths, list) or not all((isinstance(p, str) and p) or isinstance(p, allowed) for p in paths):
         raise RowRejected("bad_field", f"{one!r} must be a path string and {many!r} a list of path strings")
     if not paths:
         raise RowRejected("missing_field", f"{many!r} is empty; list at least one path or drop the field")
@@ -154,7 +189,7 @@ def check_file(path: Path, max_bytes: int, kind: str = "image") -> None:
 
 
 @contextmanager
-def _decoding(path: Path) -> Iterator[None]:
+def _decoding(path: Path | str) -> Iterator[None]:
     """Turn any decoder failure into a rejection: a bad file must not stop the run."""
     try:
         yield
@@ -169,18 +204,32 @@ def _decoding(path: Path) -> Iterator[None]:
 def load_source_image(path: Path, limits: ImageLimits) -> Image.Image:
     """Open, check and fully decode one source image as RGB, upright per EXIF."""
     check_file(path, limits.max_file_bytes)
-    with _decoding(path), Image.open(path) as img:  # reads the header only
+    return _decode(lambda: Image.open(path), str(path), limits)
+
+
+def load_image_bytes(data: bytes, name: str, limits: ImageLimits) -> Image.Image:
+    """:func:`load_source_image` for an image given by its encoded bytes (named ``name`` in messages)."""
+    if not data:
+        raise RowRejected("empty_file", f"image {name} is empty (0 bytes); re-export it or drop the row")
+    if len(data) > limits.max_file_bytes:
+        raise RowRejected("too_large", f"image {name} is {len(data)} bytes, over the limit of {limits.max_file_bytes}; "
+                                       "shrink it")
+    return _decode(lambda: Image.open(io.BytesIO(data)), name, limits)
+
+
+def _decode(open_image: Callable[[], Image.Image], name: str, limits: ImageLimits) -> Image.Image:
+    with _decoding(name), open_image() as img:  # reads the header only
         width, height = img.size
     if width * height > limits.max_source_pixels:
         raise RowRejected(
             "too_large",
-            f"image {path} is {width}x{height} = {width * height} pixels, over "
+            f"image {name} is {width}x{height} = {width * height} pixels, over "
             f"max_source_pixels={limits.max_source_pixels}; downscale it or raise the limit",
         )
-    with _decoding(path):
-        with Image.open(path) as img:
+    with _decoding(name):
+        with open_image() as img:
             img.verify()  # structural checks (e.g. PNG CRCs); leaves img unusable
-        with Image.open(path) as img:
+        with open_image() as img:
             img.load()
             return to_rgb(ImageOps.exif_transpose(img))
 
@@ -215,6 +264,7 @@ class RowConverter:
             raise RowRejected("missing_field", "the line has no 'image', 'images', 'video' or 'videos'; add one")
         check_control_tokens("prompt", prompt)
         check_control_tokens("answer", answer)
+        system = _system(record)
         source = _data_source(record, self.data_source_default)
         prompt = _place(_place(prompt, VIDEO_PLACEHOLDER, len(video_paths), "video"), IMAGE_PLACEHOLDER,
                         len(image_paths), "image")
@@ -228,20 +278,39 @@ class RowConverter:
                                               "it, lower the pixel budgets or raise data.max_prompt_tokens")
         extra = {k: v for k, v in record.items() if k not in KNOWN_FIELDS}
         row = make_row(row_id, prompt, [encode_png(img) for img in images], answer, source, extra, videos=videos)
+        if system:
+            row["messages"].insert(0, {"role": "system", "content": system})
         validate_row(row)
         return row
 
-    def _image(self, rel: str) -> Image.Image:
-        img = load_source_image(resolve_media(self.media_dir, rel), self.images)
-        return resize_to_budget(img, self.images.min_pixels, self.images.max_pixels, self.images.factor,
-                                self.images.sizing)
+    def _image(self, item: str | InlineImage) -> Image.Image:
+        return resize_to_budget(self._source_image(item), self.images.min_pixels, self.images.max_pixels,
+                                self.images.factor, self.images.sizing)
 
-    def _video(self, rel: str) -> dict[str, Any]:
-        path = resolve_media(self.media_dir, rel, "video")
+    def _source_image(self, item: str | InlineImage) -> Image.Image:
+        if isinstance(item, InlineImage):
+            return load_image_bytes(item.data, item.name, self.images)
+        return load_source_image(resolve_media(self.media_dir, item), self.images)
+
+    def _video(self, item: str | FrameList) -> dict[str, Any]:
+        if isinstance(item, FrameList):
+            return self._frames(item)
+        path = resolve_media(self.media_dir, item, "video")
         check_file(path, self.max_video_bytes, "video")
         stored = self._reader.read(path)
         self.videos_sampled_down += stored.pop("sampled_down")
         return stored
+
+    def _frames(self, video: FrameList) -> dict[str, Any]:
+        """A video given as frames: sampled and sized as a decoded file of that frame rate would be."""
+        if not video.frames:
+            raise RowRejected("empty_video", "a video is an empty list of frames; give its frames or drop it")
+        first = self._source_image(video.frames[0])
+        plan = plan_sampling(len(video.frames), video.fps, first.width, first.height, self.videos)
+        self.videos_sampled_down += plan.sampled_down
+        frames = [first if i == 0 else self._source_image(video.frames[i]) for i in plan.indices]
+        pngs = [encode_png(f.resize(plan.size, Image.Resampling.BICUBIC)) for f in frames]
+        return {"frames": pngs, "timestamps": [i / video.fps for i in plan.indices]}
 
     def close(self) -> None:
         self._reader.close()

@@ -153,9 +153,13 @@ class DataConfig:
     qwen-vl-utils' ``smart_resize`` (the same as Qwen's tools and vLLM give), mmrl's own rule only where it has no
     usable answer (an aspect ratio over 200, a budget its rounding misses)."""
     jsonl: str = ""
-    """A user's JSONL of {prompt, image|images, answer}: when set, ``make data`` converts it instead."""
+    """A user's data file: when set, ``make data`` converts it instead of generating the synthetic tasks. A JSONL of
+    {prompt, image|images, answer} (``format=jsonl``), or a peer's file or folder (``format``)."""
+    format: Literal["jsonl", "verl", "easyr1", "hf"] = "jsonl"
+    """The layout of ``jsonl`` (:mod:`data_prep.peer_formats`): mmrl's JSONL, verl's or EasyR1's parquet, or a
+    Hugging Face ``datasets`` folder (``save_to_disk``; ``split`` picks a DatasetDict's split)."""
     image_dir: str = ""
-    """Folder that the JSONL's image paths are relative to."""
+    """Folder that the data file's media paths are relative to (default: the file's folder)."""
     split: str = "train"
     """Name of the split written by the converter."""
     max_prompt_tokens: int = num(4096, ge=1)

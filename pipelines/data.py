@@ -96,7 +96,7 @@ def convert(cfg: Config) -> None:
         cfg.data.jsonl, cfg.data.image_dir or Path(cfg.data.jsonl).parent, out / f"{cfg.data.split}.parquet",
         out / f"{cfg.data.split}.quarantine.jsonl", min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels,
         factor=factor, count_tokens=count_tokens, max_prompt_tokens=cfg.data.max_prompt_tokens,
-        video_limits=video_limits(cfg, factor, sizing), sizing=sizing,
+        video_limits=video_limits(cfg, factor, sizing), sizing=sizing, fmt=cfg.data.format, split=cfg.data.split,
     )
     print(report.summary())
 
