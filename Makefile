@@ -122,7 +122,8 @@ bench-learning: $(STAMP)
 	$(PY) -m pytest tests -q -m learning $(PYTEST_ARGS)
 
 ui: $(STAMP)
-	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/outputs/mlflow.db --port 5000
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(VENV)/bin/mlflow server --workers 1 \
+		--backend-store-uri sqlite:///$(CURDIR)/outputs/mlflow.db --port $(or $(PORT),5000)
 
 clean:
 	rm -rf outputs

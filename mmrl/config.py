@@ -630,6 +630,15 @@ class TrackingConfig:
     """The default store's sqlite file."""
     artifact_dir: str = "outputs/mlartifacts"
     """Where the default store keeps run artifacts (curves, rollout tables)."""
+    system_metrics: bool = True
+    """Log MLflow's system metrics (CPU, memory, disk, network; GPU when one is visible and pynvml is installed)."""
+    system_metrics_interval_s: float = num(10.0, gt=0)
+    """Seconds between two samples of the system metrics."""
+    log_model: bool = True
+    """Log the RL run's final policy as an MLflow model (``policy``: the Hugging Face folder in a pyfunc model
+    whose ``predict`` gives greedy answers; :mod:`mmrl.policy_model`)."""
+    register_model: str = ""
+    """When set, the logged policy is also registered under this name in the model registry."""
 
 
 @dataclass(kw_only=True)

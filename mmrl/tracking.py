@@ -9,17 +9,22 @@ into names MLflow accepts. URIs with credentials are logged without them (:func:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
 import re
+import subprocess
+import warnings
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import mlflow
+import mlflow.data.dataset
 from mlflow.tracking import MlflowClient
 
 from mmrl.config import Config, TrackingConfig, flatten, to_dict
@@ -38,14 +43,42 @@ def tracking_uri(cfg: TrackingConfig) -> str:
     return f"sqlite:///{path}"
 
 
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+"""MLflow 3's experiment kind for model training (without it the UI files the runs under GenAI evaluation)."""
+
+
 def ensure_experiment(name: str, uri: str, cfg: TrackingConfig) -> None:
-    """Select experiment ``name``, creating it; a local sqlite store keeps artifacts under outputs/ too."""
-    if mlflow.get_experiment_by_name(name) is None:
+    """Select experiment ``name``, creating it as a training experiment; a local sqlite store keeps artifacts under
+    outputs/ too. An existing experiment without a kind gets the training kind."""
+    experiment = mlflow.get_experiment_by_name(name)
+    if experiment is None:
         location = None
         if uri.startswith("sqlite:"):
             location = Path(cfg.artifact_dir).absolute().as_uri()
-        mlflow.create_experiment(name, artifact_location=location)
+        mlflow.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
+    elif "mlflow.experimentKind" not in experiment.tags:
+        MlflowClient(uri).set_experiment_tag(experiment.experiment_id, *next(iter(EXPERIMENT_KIND.items())))
     mlflow.set_experiment(name)
+
+
+def run_tags(cfg: Config, stage: str) -> dict[str, str]:
+    """The tags a user filters runs by: stage, git commit, algorithm, model family, engine, mode, LoRA."""
+    return {"mmrl.stage": stage, "mmrl.git_commit": git_commit(), "mmrl.algorithm": cfg.algorithm.name,
+            "mmrl.model_family": cfg.model.family, "mmrl.engine": cfg.rollout.engine, "mmrl.mode": cfg.trainer.mode,
+            "mmrl.lora": str(cfg.actor.lora.rank > 0).lower(), "mmrl.agent": str(cfg.rollout.agent.enabled).lower()}
+
+
+def git_commit() -> str:
+    """The commit of the mmrl checkout that runs (``+dirty`` with uncommitted changes), or ``unknown``."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
 
 
 _UNSAFE = re.compile(r"[^\w./\- :]")
@@ -82,20 +115,26 @@ class Tracker:
         ensure_experiment(experiment, self.uri, cfg.tracking)
         self.history: dict[str, list[tuple[int, float]]] = {}
         self.resumed = bool(resume_run_id and _run_exists(resume_run_id))
+        system = cfg.tracking.system_metrics
+        if system:
+            mlflow.set_system_metrics_sampling_interval(cfg.tracking.system_metrics_interval_s)
+            mlflow.set_system_metrics_samples_before_logging(1)
         if self.resumed:
-            self.run = mlflow.start_run(run_id=resume_run_id)
+            self.run = mlflow.start_run(run_id=resume_run_id, log_system_metrics=system)
             self.run_id = self.run.info.run_id
             self._read_history(history_keys)
             return
         if resume_run_id:
             log.warning("MLflow run %s is not in %s: the resumed training logs to a new run", resume_run_id,
                         redact_uri(self.uri))
-        self.run = mlflow.start_run(run_name=run_name or None, tags={"mmrl.stage": stage})
+        self.run = mlflow.start_run(run_name=run_name or None, tags=run_tags(cfg, stage), log_system_metrics=system)
         self.run_id = self.run.info.run_id
         params = {k: _param_value(v) for k, v in flatten(to_dict(cfg)).items()}
         items = list(params.items())
         for start in range(0, len(items), 100):  # MLflow takes at most 100 params per call
             mlflow.log_params(dict(items[start : start + 100]))
+        if stage in ("sft", "rl", "eval"):
+            log_splits(Path(cfg.data.dir))
 
     def log_params(self, params: dict[str, str]) -> None:
         """More params beside the config's; a resumed run keeps the ones its first part logged (MLflow's params
@@ -126,6 +165,16 @@ class Tracker:
     def log_figure(self, figure: Any, artifact_file: str) -> None:
         mlflow.log_figure(figure, artifact_file)
 
+    def log_table(self, data: dict[str, list[Any]], artifact_file: str) -> None:
+        """A table artifact (columns of equal length) the UI shows as a table."""
+        mlflow.log_table(data, artifact_file)
+
+    def log_model(self, checkpoint: str, register_as: str = "") -> None:
+        """The Hugging Face folder ``checkpoint`` as the run's ``policy`` MLflow model (:mod:`mmrl.policy_model`)."""
+        from mmrl.policy_model import log_policy
+
+        log_policy(checkpoint, register_as)
+
     def finish(self, status: str = "FINISHED") -> None:
         mlflow.end_run(status=status)
 
@@ -151,3 +200,58 @@ def console_line(step: int, total: int, metrics: dict[str, float], labels: dict[
     parts += [f"{label} {metrics[key]:.4g}" for key, label in labels.items() if key in metrics]
     return " | ".join(parts)
 
+
+
+SPLIT_CONTEXTS = {"sft": "training", "train": "training", "val": "validation", "test": "testing"}
+
+
+def log_splits(data_dir: Path) -> None:
+    """Each split parquet of ``data_dir`` as a dataset input of the active run (context training, validation or
+    testing), its profile giving the rows and the quarantined rows by kind (``<split>.quarantine.jsonl``)."""
+    for split, context in SPLIT_CONTEXTS.items():
+        path = data_dir / f"{split}.parquet"
+        if path.is_file():
+            mlflow.log_input(SplitDataset(path, split), context=context, tags={"mmrl.split": split})
+
+
+class SplitDataset(mlflow.data.dataset.Dataset):
+    """One split's parquet file as an MLflow dataset: its path, a digest of its bytes, its row counts."""
+
+    def __init__(self, path: Path, split: str) -> None:
+        import pyarrow.parquet as pq
+        from mlflow.data.dataset_source_registry import resolve_dataset_source
+
+        self.path, self.rows = path.absolute(), pq.ParquetFile(path).metadata.num_rows
+        self.quarantined = _quarantine_kinds(path.with_name(f"{split}.quarantine.jsonl"))
+        with warnings.catch_warnings():  # two registered sources read local files; either serves
+            warnings.simplefilter("ignore", UserWarning)
+            source = resolve_dataset_source(str(self.path))
+        super().__init__(source=source, name=split)
+
+    def _compute_digest(self) -> str:
+        digest = hashlib.sha256()
+        with self.path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        return digest.hexdigest()[:16]
+
+    @property
+    def profile(self) -> dict[str, Any]:
+        return {"num_rows": self.rows, "num_quarantined": sum(self.quarantined.values()),
+                "quarantined_by_kind": dict(self.quarantined), "path": str(self.path)}
+
+    @property
+    def schema(self) -> None:
+        return None
+
+    def to_dict(self) -> dict[str, str]:
+        return super().to_dict() | {"profile": json.dumps(self.profile)}
+
+
+def _quarantine_kinds(path: Path) -> Counter[str]:
+    kinds: Counter[str] = Counter()
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                kinds[json.loads(line).get("kind", "unknown")] += 1
+    return kinds

@@ -53,6 +53,7 @@ def run_eval(cfg: Config, checkpoint: str | None = None, run_name: str = "") -> 
     result = evaluate_checkpoint(cfg, checkpoint, cfg.eval.split)
     tracker = Tracker(cfg, cfg.trainer.experiment, run_name or cfg.eval.run_name or "eval", stage="eval")
     tracker.log_metrics(result.metrics(cfg.eval.split), step=0)
+    tracker.log_table(result.table(), f"eval/{cfg.eval.split}_accuracy_by_source.json")
     tracker.log_dict(samples_table(result.samples), f"rollouts/{cfg.eval.split}.json")
     tracker.log_text(samples_html(result.samples, f"{checkpoint} on {cfg.eval.split}"), f"rollouts/{cfg.eval.split}.html")
     tracker.log_text(checkpoint, "checkpoint_path.txt")

@@ -35,6 +35,12 @@ class EvalResult:
         out[f"{prefix}/acc"] = self.accuracy["all"]
         return out | (self.tool_use.metrics(f"{prefix}/agent") if self.tool_use is not None else {})
 
+    def table(self) -> dict[str, list[Any]]:
+        """Accuracy per data_source (then "all") as table columns: data_source, accuracy, prompts."""
+        sources = [*sorted(s for s in self.accuracy if s != "all"), "all"]
+        return {"data_source": sources, "accuracy": [self.accuracy[s] for s in sources],
+                "prompts": [self.counts[s] for s in sources]}
+
     def summary(self) -> str:
         parts = [f"{source}={acc:.3f} (n={self.counts[source]})" for source, acc in sorted(self.accuracy.items())]
         tools = ([f"{name.rsplit('/', 1)[1]}={value:.2f}" for name, value in self.tool_use.metrics("x").items()]

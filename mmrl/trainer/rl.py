@@ -392,10 +392,13 @@ class RLTrainer:
         tracker.log_metrics({"trainer/restarts": float(self.restarts)}, self.step_no + 1)
 
     def export(self, tracker: Tracker) -> None:
-        """The final policy in Hugging Face format (and the critic's weights)."""
+        """The final policy in Hugging Face format (and the critic's weights); the policy also as the run's MLflow
+        model (``tracking.log_model``), registered when ``tracking.register_model`` names it."""
         out = Path(self.cfg.trainer.out_dir)
         path = self.workers.save_checkpoint(str(out / "checkpoint"))
         tracker.log_text(path, "checkpoint_path.txt")
+        if self.cfg.tracking.log_model:
+            tracker.log_model(path, self.cfg.tracking.register_model)
         if self.critic is not None:
             self.critic.save_checkpoint(str(out / "critic"))
 
