@@ -127,3 +127,21 @@ def test_a_datasets_folder_in_either_layout_and_a_dataset_dict_split(tmp_path, m
         convert(tmp_path, tmp_path / "verl_ds", "hf", split="val")
     with pytest.raises(ValueError, match="not a folder"):
         convert(tmp_path, tmp_path / "easy.parquet", "hf")
+
+
+def test_make_data_converts_a_peer_file_with_the_models_sizes(tmp_path, media, tiny_model_dir, capsys):
+    """``make data ARGS="data.format=easyr1 data.jsonl=..."``: the stage reads the layout, sizes the images as
+    qwen-vl-utils would for the tiny Qwen2.5-VL, writes the split and prints the counts."""
+    from qwen_vl_utils.vision_process import smart_resize
+
+    from pipelines import data
+
+    rows = [{"problem": "<image>Colour?", "answer": "red", "images": [png((255, 0, 0), (300, 97))]},
+            {"problem": "<image><image>Colour?", "answer": "red", "images": [png((255, 0, 0))]}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "easy.parquet")
+    data.main([f"model.path={tiny_model_dir}", f"data.dir={tmp_path / 'out'}", "data.format=easyr1",
+               f"data.jsonl={tmp_path / 'easy.parquet'}", "data.max_pixels=12544"])
+    assert "convert: in=2 written=1 quarantined=1 (placeholder_mismatch=1)" in capsys.readouterr().out
+    [row] = read_parquet(tmp_path / "out" / "train.parquet")
+    height, width = smart_resize(97, 300, 28, min_pixels=28 * 28, max_pixels=12544)
+    assert decode_image(row["images"][0]).size == (width, height)
