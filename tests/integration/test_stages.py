@@ -46,6 +46,11 @@ def test_sft_then_eval_match_a_one_prompt_at_a_time_reference(tiny_config, tmp_p
     assert result["accuracy"]["synthetic/count"] == 1.0
     metrics = client.get_run(result["mlflow_run_id"]).data.metrics
     assert metrics["test/acc"] == pytest.approx(sum(sum(s) for s in expected.values()) / 16)
+    table = mlflow.artifacts.load_dict(f"runs:/{result['mlflow_run_id']}/eval/test_accuracy_by_source.json")
+    by_source = dict(zip([row[0] for row in table["data"]], [row[1] for row in table["data"]]))
+    assert table["columns"] == ["data_source", "accuracy", "prompts"]
+    assert by_source == pytest.approx({**{s: sum(v) / len(v) for s, v in expected.items()},
+                                       "all": metrics["test/acc"]})
 
 
 def test_data_stage_converts_user_jsonl_with_quarantine(tmp_path, capsys, tiny_model_dir):
