@@ -377,6 +377,28 @@ class ActorConfig(UpdateConfig):
     divided by the policy loss's denominator (0: off)."""
     sppo_eta: float = num(1.0, gt=0)
     """SPPO: the scale of the target ``eta * (win rate - 1/2)`` the sequence log-ratio is pushed to."""
+    cispo_clip_low: float = num(1.0, ge=0, le=1)
+    cispo_clip_high: float = num(4.0, gt=0)
+    """CISPO (``policy_loss=cispo``): its importance weight is clipped to [1 - low, 1 + high] (the defaults: no
+    lower bound, at most 5, as ScaleRL ran it)."""
+    sapo_tau_pos: float = num(1.0, gt=0)
+    sapo_tau_neg: float = num(1.05, gt=0)
+    """SAPO (``policy_loss=sapo``): the gate's temperatures for positive and negative advantages (the paper's)."""
+    gmpo_clip_low: float = num(0.4, gt=0)
+    gmpo_clip_high: float = num(0.4, gt=0)
+    """GMPO (``policy_loss=gmpo``): the token log-ratios are clipped to [-low, high] (the paper's e^+-0.4)."""
+    clip_cov_ratio: float = num(2e-4, gt=0, le=1)
+    clip_cov_lb: float = num(1.0, ge=0)
+    clip_cov_ub: float = num(5.0, gt=0)
+    """Clip-Cov (``policy_loss=clip_cov``): the share of tokens detached, among those whose covariance lies in
+    [lb, ub] (the paper's)."""
+    kl_cov_ratio: float = num(2e-3, gt=0, le=1)
+    kl_cov_coef: float = num(1.0, ge=0)
+    """KL-Cov (``policy_loss=kl_cov``): the share of tokens penalised, and the weight of their |log-ratio|."""
+    dppo_tv_delta: float = num(0.2, gt=0, le=1)
+    """DPPO-TV (``policy_loss=dppo_tv``): the trust region on |p - p_old| of the sampled token."""
+    dppo_kl_delta: float = num(0.05, gt=0)
+    """DPPO-KL (``policy_loss=dppo_kl``): the trust region on the binary KL of the sampled token's probability."""
     share_prompt: bool = True
     """Score the samples of a prompt in one packed sequence that holds the prompt once (its media and its
     tokens run once, not n times; :mod:`mmrl.models.packing`). Needs sdpa or eager attention: with
@@ -418,7 +440,7 @@ class CriticConfig(UpdateConfig):
 class AlgorithmConfig:
     name: str = "grpo"
     """The RL algorithm by name (see ``mmrl.algos.ALGORITHMS``): grpo, dr_grpo, rloo, ppo, reinforce_plus_plus,
-    reinforce_plus_plus_baseline, remax, dapo, gspo, vapo, pf_ppo, sppo."""
+    reinforce_plus_plus_baseline, remax, dapo, gspo, vapo, pf_ppo, sppo, grpo_pass_k (GRPO for pass@k), opo."""
     norm_adv_by_std: bool = True
     """GRPO: divide by the group's standard deviation (False gives Dr. GRPO's estimator)."""
     epsilon: float = num(1e-6, gt=0)
@@ -449,6 +471,8 @@ class AlgorithmConfig:
     """vapo: the actor's length-adaptive lambda, ``1 - 1 / (lam_alpha * response length)``."""
     filter_mode: Literal["best_k", "best_and_worst", "random"] = "best_k"
     """pf_ppo: which responses of each group the update keeps."""
+    pass_k: int = num(4, ge=1)
+    """grpo_pass_k: the k of pass@k the advantage optimises (at most rollout.n)."""
     filter_k: int = num(4, ge=1)
     """pf_ppo: responses kept per group (best_k, random)."""
 
@@ -687,6 +711,9 @@ class Config:
                     f"lower {section}.num_mini_batches"
                 )
         _check_lora(self)
+        if self.actor.clip_cov_lb >= self.actor.clip_cov_ub:
+            raise ConfigError(f"actor.clip_cov_lb={self.actor.clip_cov_lb} must be below actor.clip_cov_ub="
+                              f"{self.actor.clip_cov_ub}")
         if self.actor.old_log_probs == "rollout" and (self.rollout.top_p < 1 or self.rollout.top_k > 0):
             raise ConfigError("actor.old_log_probs=rollout needs rollout.top_p=1 and rollout.top_k=0: with a "
                               "truncated distribution the engine's log-probs are not the policy's")

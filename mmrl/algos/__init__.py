@@ -36,6 +36,8 @@ from mmrl.algos.dr_grpo import DrGRPO
 from mmrl.algos.grpo import GRPO
 from mmrl.algos.gspo import GSPO
 from mmrl.algos.losses import POLICY_LOSSES, PolicyLoss
+from mmrl.algos.opo import OPO
+from mmrl.algos.pass_at_k import PassAtK
 from mmrl.algos.pf_ppo import PFPPO
 from mmrl.algos.ppo import PPO
 from mmrl.algos.reinforce_pp import ReinforcePP, ReinforcePPBaseline
@@ -58,6 +60,8 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
     "vapo": VAPO,
     "pf_ppo": PFPPO,
     "sppo": SPPO,
+    "grpo_pass_k": PassAtK,
+    "opo": OPO,
 }
 
 

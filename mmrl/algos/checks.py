@@ -9,6 +9,7 @@ from __future__ import annotations
 from mmrl.algos import ALGORITHMS, POLICY_LOSSES, check_key_ownership, critic_algorithms, policy_loss
 from mmrl.algos.base import Algorithm
 from mmrl.algos.losses import POLICY_LOSS_NEEDS_SEQUENCE_AGG
+from mmrl.algos.losses_2025 import LOSS_KEYS
 from mmrl.algos.rollout_correction import LINEAR_LOSSES
 from mmrl.config import Config, ConfigError, require_known
 
@@ -22,12 +23,20 @@ def check_algorithm_config(cfg: Config, given: frozenset[str]) -> None:
     if cfg.rollout.n < algorithm.min_group_size:
         raise ConfigError(f"rollout.n={cfg.rollout.n}: {cfg.algorithm.name} compares the responses of one "
                           f"prompt, so it needs rollout.n >= {algorithm.min_group_size}")
+    if cfg.algorithm.name == "grpo_pass_k" and cfg.algorithm.pass_k > cfg.rollout.n:
+        raise ConfigError(f"algorithm.pass_k={cfg.algorithm.pass_k} exceeds rollout.n={cfg.rollout.n}: pass@k is over "
+                          "k of a prompt's n samples; lower pass_k or raise rollout.n")
     if loss in POLICY_LOSS_NEEDS_SEQUENCE_AGG and cfg.actor.loss_agg_mode == "token-mean":
         raise ConfigError(f"the {loss} policy loss is one term per sequence: set actor.loss_agg_mode to a "
                           "sequence mode (seq-mean-token-mean), not token-mean")
     if cfg.algorithm.critic_warmup_steps and not algorithm.needs_critic:
         raise ConfigError(f"algorithm.critic_warmup_steps={cfg.algorithm.critic_warmup_steps}: "
                           f"{cfg.algorithm.name} trains no critic; use {', '.join(critic_algorithms())}, or set it to 0")
+    foreign = sorted(key for name, keys in LOSS_KEYS.items() if name != loss for key in keys if key in given)
+    if foreign:
+        owners = {key: name for name, keys in LOSS_KEYS.items() for key in keys}
+        each = ", ".join(f"{key} (the {owners[key]} loss's)" for key in foreign)
+        raise ConfigError(f"{each}: actor.policy_loss={loss} does not read it; remove it or choose that loss")
     if cfg.actor.rollout_correction != "none" and loss not in LINEAR_LOSSES:
         raise ConfigError(f"actor.rollout_correction={cfg.actor.rollout_correction} weights each token's policy-gradient "
                           f"term through its advantage, which the {loss} loss does not scale with; use it with "

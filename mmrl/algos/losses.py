@@ -29,42 +29,9 @@ from typing import Any, Protocol
 
 import torch
 
+from mmrl.algos import losses_2025 as recent
+from mmrl.algos.aggregation import aggregate
 from mmrl.config import ActorConfig
-
-
-def aggregate(
-    values: torch.Tensor,
-    mask: torch.Tensor,
-    mode: str,
-    denominator: float | None = None,
-    horizon: float | None = None,
-) -> torch.Tensor:
-    """values, mask (B, R) -> scalar.
-
-    ``denominator`` replaces the local count (valid tokens for token-mean, sequences otherwise), so that
-    partial sums over micro-batches and ranks add up to the global mean. ``horizon`` is the constant
-    normaliser of ``seq-mean-token-sum-norm`` (default ``R = mask.shape[-1]``; pass the maximum response
-    length so that micro-batches padded to different widths agree); the other modes ignore it.
-    """
-    if mode == "token-mean":
-        count = denominator if denominator is not None else mask.sum().clamp(min=1)
-        return (values * mask).sum() / count
-    if mode == "seq-mean-token-sum":
-        per_seq = (values * mask).sum(-1)
-    elif mode == "seq-mean-token-mean":
-        per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-    elif mode == "seq-mean-token-sum-norm":
-        horizon = mask.shape[-1] if horizon is None else horizon
-        if horizon <= 0:
-            raise ValueError(f"horizon must be > 0, got {horizon}")
-        per_seq = (values * mask).sum(-1) / horizon
-    else:
-        raise ValueError(
-            f"unknown loss_agg_mode {mode!r}; allowed: token-mean, seq-mean-token-sum, seq-mean-token-mean, "
-            "seq-mean-token-sum-norm"
-        )
-    count = denominator if denominator is not None else per_seq.shape[0]
-    return per_seq.sum() / count
 
 
 def ppo_clip_loss(
@@ -351,9 +318,18 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
     "dual_clip": dual_clip,
     "gspo": gspo,
     "sppo": sppo,
+    # The 2025-26 losses (mmrl.algos.losses_2025).
+    "cispo": PolicyLoss(recent.cispo_loss, recent.cispo_settings),
+    "sapo": PolicyLoss(recent.sapo_loss, recent.sapo_settings),
+    "gmpo": PolicyLoss(recent.gmpo_loss, recent.gmpo_settings),
+    "gpg": PolicyLoss(recent.gpg_loss, recent.gpg_settings),
+    "clip_cov": PolicyLoss(recent.clip_cov_loss, recent.clip_cov_settings),
+    "kl_cov": PolicyLoss(recent.kl_cov_loss, recent.kl_cov_settings),
+    "dppo_tv": PolicyLoss(recent.dppo_loss, recent.dppo_tv_settings),
+    "dppo_kl": PolicyLoss(recent.dppo_loss, recent.dppo_kl_settings),
 }
 
-POLICY_LOSS_NEEDS_SEQUENCE_AGG: frozenset[str] = frozenset({"sppo"})
+POLICY_LOSS_NEEDS_SEQUENCE_AGG: frozenset[str] = frozenset({"sppo", "gmpo"})
 """The policy losses that are one term per sequence: their ``denominator`` is a sequence count, so they need a
 sequence ``actor.loss_agg_mode`` (not token-mean)."""
 

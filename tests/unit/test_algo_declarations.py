@@ -14,7 +14,7 @@ from mmrl.config import Config, _read_yaml_chain, load_config
 
 OWNERS = {
     "algorithm.norm_adv_by_std": ["grpo", "dapo", "gspo"],
-    "algorithm.epsilon": ["grpo", "dapo", "gspo"],
+    "algorithm.epsilon": ["grpo", "dapo", "gspo", "grpo_pass_k"],
     "algorithm.gamma": ["ppo", "reinforce_plus_plus", "vapo", "pf_ppo"],
     "algorithm.lam": ["ppo", "pf_ppo"],
     "algorithm.critic_warmup_steps": ["ppo", "vapo", "pf_ppo"],
@@ -25,6 +25,7 @@ OWNERS = {
     "algorithm.filter_mode": ["pf_ppo"],
     "algorithm.filter_k": ["pf_ppo"],
     "actor.sppo_eta": ["sppo"],
+    "algorithm.pass_k": ["grpo_pass_k"],
 }
 
 
@@ -106,4 +107,4 @@ def test_each_algorithms_loss_fields_are_what_its_own_loss_terms_read():
 
 def test_the_tables_name_the_critic_algorithms_and_the_sequence_level_losses():
     assert critic_algorithms() == ["ppo", "vapo", "pf_ppo"]
-    assert POLICY_LOSS_NEEDS_SEQUENCE_AGG == {"sppo"} and POLICY_LOSS_NEEDS_SEQUENCE_AGG <= set(POLICY_LOSSES)
+    assert POLICY_LOSS_NEEDS_SEQUENCE_AGG == {"sppo", "gmpo"} and POLICY_LOSS_NEEDS_SEQUENCE_AGG <= set(POLICY_LOSSES)

@@ -79,7 +79,7 @@ def test_dr_grpo_and_rloo_objects_against_a_loop_reference():
 
 def test_algorithm_declarations_and_tables():
     names = ["grpo", "dr_grpo", "rloo", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax",
-             "dapo", "gspo", "vapo", "pf_ppo", "sppo"]
+             "dapo", "gspo", "vapo", "pf_ppo", "sppo", "grpo_pass_k", "opo"]
     assert sorted(ALGORITHMS) == sorted(names)
     critics = {n for n in names if ALGORITHMS[n].needs_critic}
     assert critics == {"ppo", "vapo", "pf_ppo"}

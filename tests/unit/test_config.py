@@ -48,11 +48,11 @@ def test_bad_key_or_value_names_the_key_and_what_is_allowed(override, message):
 def test_cross_field_checks():
     with pytest.raises(ConfigError, match="rollout.n >= 2"):
         load_run_config(None, ["rollout.n=1"])
-    with pytest.raises(ConfigError, match="algorithm.name='ppo2' is unknown; allowed: dapo, dr_grpo, grpo, gspo, pf_ppo, ppo, reinforce_plus_plus"):
+    with pytest.raises(ConfigError, match="algorithm.name='ppo2' is unknown; allowed: dapo, dr_grpo, grpo, grpo_pass_k, gspo, opo, pf_ppo, ppo, reinforce_plus_plus"):
         load_run_config(None, ["algorithm.name=ppo2"])
     with pytest.raises(ConfigError, match="algorithm.adv_estimator was renamed: use algorithm.name"):
         load_run_config(None, ["algorithm.adv_estimator=gae"])
-    with pytest.raises(ConfigError, match="actor.policy_loss='clip' is unknown; allowed: dual_clip, gspo, ppo_clip, sppo"):
+    with pytest.raises(ConfigError, match="actor.policy_loss='clip' is unknown; allowed: cispo, clip_cov, dppo_kl, dppo_tv, dual_clip, gmpo, gpg, gspo, kl_cov, ppo_clip, sapo, sppo"):
         load_run_config(None, ["actor.policy_loss=clip"])
     with pytest.raises(ConfigError, match="rollout.engine='sglang' is unknown; allowed: hf"):
         load_run_config(None, ["rollout.engine=sglang"])

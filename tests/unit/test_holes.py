@@ -525,8 +525,9 @@ def test_without_holes_an_algorithm_gives_the_same_bits_with_or_without_a_policy
                                                                                            dtype=torch.float32)
     tensors = {"token_level_rewards": rewards, "response_mask": extent,
                "values": randn(81, extent, garbage=5.0, dtype=torch.float32),
-               "baseline_scores": torch.randn(len(LENGTHS))}
-    cfg = AlgorithmConfig(name=name, gamma=0.99, lam=0.95, lam_critic=0.97, lam_alpha=0.5)
+               "baseline_scores": torch.randn(len(LENGTHS)),
+               "correct": (torch.arange(len(LENGTHS)) % 3 == 0).float()}  # what grpo_pass_k reads
+    cfg = AlgorithmConfig(name=name, gamma=0.99, lam=0.95, lam_critic=0.97, lam_alpha=0.5, pass_k=2)
     algo = ALGORITHMS[name](cfg)
     without = algo.compute_advantages(Batch(tensors=dict(tensors), objects={"uid": UIDS}))
     with_mask = algo.compute_advantages(Batch(tensors={**tensors, "policy_mask": extent.clone()},
