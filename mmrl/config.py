@@ -597,6 +597,12 @@ class TrainerConfig:
     """Times a run rebuilds its workers from the newest checkpoint after a worker died or hung."""
     step_timeout_s: float = num(1800.0, gt=0)
     """A call to the workers (and any collective inside it) that takes longer counts as a hung worker."""
+    skip_solved_after: int = num(0, ge=0)
+    """Skip a prompt whose last this many groups had every sample right (0: off; :mod:`mmrl.trainer.pass_rates`)."""
+    unsolved_revisit_rate: float = num(1.0, ge=0, le=1)
+    """Draw a prompt never solved so far (every sample of every group wrong) with this probability (1: off)."""
+    guide_unsolved: bool = False
+    """Guide an always-wrong group with a known-good response (LUFFY-style off-policy guidance): not built."""
     mode: Literal["sync", "async"] = "sync"
     """sync: generate, score, update, one after the other on the trainer's workers. async: a rollout pool
     (``rollout.num_workers``) generates the next batches while the trainer updates, with weights at most

@@ -41,6 +41,9 @@ def check_algorithm_config(cfg: Config, given: frozenset[str]) -> None:
         raise ConfigError(f"actor.rollout_correction={cfg.actor.rollout_correction} weights each token's policy-gradient "
                           f"term through its advantage, which the {loss} loss does not scale with; use it with "
                           f"{', '.join(sorted(LINEAR_LOSSES))}, or actor.rollout_correction=none")
+    if cfg.trainer.guide_unsolved:
+        raise NotImplementedError("trainer.guide_unsolved: guiding an always-wrong group with a known-good response "
+                                  "(LUFFY-style off-policy guidance) is not built yet; set it to false")
     if cfg.trainer.mode == "async":
         check_async(cfg, algorithm)
     try:

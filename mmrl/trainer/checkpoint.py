@@ -45,6 +45,7 @@ class DriverState:
     loader: dict[str, Any]
     skipped_in_a_row: int = 0
     kl_coef: float | None = None  # the adaptive KL controller's coefficient (KL in the reward)
+    pass_rates: dict[str, Any] | None = None  # the per-prompt record the sampling rules read
 
 
 def is_complete(folder: Path) -> bool:

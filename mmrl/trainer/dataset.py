@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.protocol import Batch
+from mmrl.trainer.pass_rates import SamplingRules
 from mmrl.schema import read_parquet
 
 
@@ -47,21 +48,37 @@ class PromptLoader:
     """Endless batches of ``batch_size`` prompts, reshuffled every epoch from ``seed`` (an incomplete last
     batch of an epoch is dropped). Its position is part of a checkpoint (:meth:`state_dict`)."""
 
-    def __init__(self, rows: list[dict[str, Any]], batch_size: int, seed: int) -> None:
+    def __init__(self, rows: list[dict[str, Any]], batch_size: int, seed: int, rules: SamplingRules | None = None
+                 ) -> None:
         if len(rows) < batch_size:
             raise ValueError(f"the train split has {len(rows)} rows, fewer than trainer.prompts_per_step={batch_size}")
         self.rows, self.batch_size, self.rng = rows, batch_size, random.Random(seed)
+        self.rules = rules if rules is not None and rules.active else None
         self.order: list[int] = []
         self.position = 0
 
     def next_batch(self) -> Batch:
-        if self.position + self.batch_size > len(self.order):
+        """The next ``batch_size`` prompts (with sampling rules: the next ones the rules draw; an epoch in which
+        they would draw too few is taken as it is, so that the loader never stalls)."""
+        if self.rules is None:
+            return rows_to_batch([self.rows[i] for i in self._take(self.batch_size)])
+        chosen: list[int] = []
+        looked = 0
+        while len(chosen) < self.batch_size:
+            (index,) = self._take(1)
+            looked += 1
+            if looked > len(self.rows) or self.rules.draw(str(self.rows[index]["id"]), self.rng):
+                chosen.append(index)
+        return rows_to_batch([self.rows[i] for i in chosen])
+
+    def _take(self, count: int) -> list[int]:
+        if self.position + count > len(self.order):
             self.order = list(range(len(self.rows)))
             self.rng.shuffle(self.order)
             self.position = 0
-        indices = self.order[self.position : self.position + self.batch_size]
-        self.position += self.batch_size
-        return rows_to_batch([self.rows[i] for i in indices])
+        indices = self.order[self.position : self.position + count]
+        self.position += count
+        return indices
 
     def __iter__(self) -> Iterator[Batch]:
         while True:

@@ -40,6 +40,7 @@ from mmrl.trainer.checkpoint import CheckpointManager, DriverState, check_resuma
 from mmrl.trainer.dataset import PromptLoader, load_rows
 from mmrl.trainer.evaluation import EvalResult, evaluate, samples_html, samples_table
 from mmrl.trainer.metrics import non_finite, step_metrics, timing_metrics, value_metrics
+from mmrl.trainer.pass_rates import PassRates, SamplingRules
 from mmrl.trainer.plots import plot_curves
 from mmrl.trainer.reward_stage import RewardStage
 from mmrl.trajectory import place_on_last_token, policy_mask
@@ -100,8 +101,11 @@ class RLTrainer:
         self.reset_progress()
 
     def reset_progress(self) -> None:
-        """Step 0: the loader at its seed, no checkpoint to come back to."""
-        self.loader = PromptLoader(self.train_rows, self.cfg.trainer.prompts_per_step, self.cfg.seed)
+        """Step 0: the loader at its seed, no pass rates yet, no checkpoint to come back to."""
+        trainer = self.cfg.trainer
+        self.pass_rates = PassRates()
+        self.rules = SamplingRules(self.pass_rates, trainer.skip_solved_after, trainer.unsolved_revisit_rate)
+        self.loader = PromptLoader(self.train_rows, trainer.prompts_per_step, self.cfg.seed, self.rules)
         self.step_no, self.skipped_in_a_row = 0, 0
         self.kl_ctrl = build_kl_controller(self.cfg.algorithm)
         self.last_checkpoint: Path | None = None
@@ -228,6 +232,8 @@ class RLTrainer:
         metrics |= step_metrics(batch) | value_metrics(batch) | {"rollout/weight_syncs": float(syncs)}
         if self.cfg.rollout.agent.enabled:
             metrics |= agent_metrics(batch, self.tool_names)
+        if self.rules.active:
+            metrics |= self.rules.metrics()
         metrics |= self.memory_metrics(metrics)
         return metrics | timing_metrics(batch, self.timing, self.workers.world_size)
 
@@ -285,6 +291,7 @@ class RLTrainer:
         out = self.reward.score(batch)
         batch.tensors["token_level_rewards"] = place_on_last_token(out.scores, policy_mask(batch))
         batch.tensors["correct"] = out.correct
+        self.pass_rates.record(batch["uid"], out.correct)
         return batch, out.metrics
 
     def update(self, batch: Batch) -> dict[str, float]:
@@ -351,7 +358,7 @@ class RLTrainer:
     def driver_state(self, tracker: Tracker) -> DriverState:
         """What the driver saves in a checkpoint: the step, the run, the loader, the skip count, the KL coefficient."""
         return DriverState(self.step_no, tracker.run_id, self.loader.state_dict(), self.skipped_in_a_row,
-                           self.kl_ctrl.value)
+                           self.kl_ctrl.value, self.pass_rates.state_dict())
 
     def restore(self, folder: Path) -> None:
         """Load a checkpoint into the (freshly built) groups and the driver."""
@@ -367,6 +374,8 @@ class RLTrainer:
         self.step_no, self.skipped_in_a_row = state.step, state.skipped_in_a_row
         if state.kl_coef is not None:
             self.kl_ctrl.value = state.kl_coef
+        if state.pass_rates is not None:
+            self.pass_rates.load_state_dict(state.pass_rates)
         self.last_checkpoint = folder
         steps = self.cfg.trainer.steps
         left = f"{steps - state.step} steps to go" if state.step < steps else (
