@@ -96,6 +96,10 @@ def tiny_config(tiny_model_dir: Path, tiny_data_dir: Path, empty_mlflow_db: Path
             "rollout.max_new_tokens=6",
             "actor.num_mini_batches=2",
             "resources.reuse_workers=true",  # the suite's ~50 runs start their ranks in warm processes
+            # Logging the policy as an MLflow model and sampling system metrics cost each run time; the test of
+            # the MLflow run turns them on (tests/integration/test_rl_pipeline.py).
+            "tracking.log_model=false",
+            "tracking.system_metrics=false",
         ],
     )
 

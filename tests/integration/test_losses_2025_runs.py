@@ -32,7 +32,6 @@ def test_each_new_loss_and_estimator_runs_two_rl_steps(tiny_config, tmp_path):
     cfg.reward.verifier = f"{varied}:by_length"  # what grpo_pass_k reads (``correct``)
     cfg.trainer.steps, cfg.trainer.eval_every, cfg.trainer.val_size = 2, 0, 4
     cfg.trainer.prompts_per_step, cfg.rollout.n, cfg.rollout.max_new_tokens = 2, 4, 4
-    cfg.tracking.log_model, cfg.tracking.system_metrics = False, False
     client = MlflowClient(cfg.tracking.uri)
     for overrides, metric in RUNS:
         run_cfg = dataclasses.replace(copy.deepcopy(cfg), given_keys=frozenset(overrides))
