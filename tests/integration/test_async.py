@@ -5,6 +5,7 @@ stopping the trainer; a resumed run trains the prompts the interrupted one had i
 import copy
 import shutil
 
+import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from PIL import Image
@@ -160,3 +161,17 @@ def test_the_drop_policy_trains_only_fresh_batches_and_counts_the_dropped(tiny_c
     dropped = [p.value for p in client.get_metric_history(run_id, "async/dropped_groups")]
     assert len(dropped) == 3 and sum(dropped) >= cfg.trainer.prompts_per_step  # at least one batch was dropped
     assert all(d % cfg.trainer.prompts_per_step == 0 for d in dropped)  # whole batches
+
+
+@pytest.mark.extra  # the rollout pool on vLLM (a vLLM start per rank): `make test-extra`
+def test_async_on_vllm_draws_with_the_published_weights(tiny_config, vllm_model_dir, tmp_path):
+    """A vLLM rollout pool loads each published version before its batches: with max_staleness=0 every trained
+    sample is from the trainer's current weights, and the trainer's log-probs match vLLM's within 1e-4."""
+    cfg = configured(tiny_config, tmp_path / "vllm", mode="async", max_staleness=0)
+    cfg.model.path, cfg.trainer.init, cfg.rollout.engine = str(vllm_model_dir), str(vllm_model_dir), "vllm"
+    trainer = recording(AsyncRLTrainer)(cfg)
+    run_id = fit(trainer, cfg)
+    for record in trainer.trained:
+        assert torch.equal(record["versions"], torch.full_like(record["versions"], record["at"]))
+    history = MlflowClient(cfg.tracking.uri).get_metric_history(run_id, "rollout/logprob_diff_max")
+    assert len(history) == 3 and all(p.value < 1e-4 for p in history)
