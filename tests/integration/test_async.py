@@ -17,7 +17,7 @@ from data_prep.pixels import encode_png
 from mmrl.run_config import prepare_run_config
 from mmrl.tracking import Tracker
 from mmrl.trainer.async_rl import AsyncRLTrainer
-from mmrl.trainer.checkpoint import resume_point
+from mmrl.trainer.checkpoint import load_driver_state, resume_point
 from mmrl.trainer.rl import RLTrainer
 from pipelines.probes import UnreliableRollout
 from mmrl.trainer.dataset import PromptLoader, load_rows
@@ -38,9 +38,12 @@ def recording(base: type) -> type:
 
 
 def fit(trainer, cfg):
-    tracker = Tracker(cfg, cfg.trainer.experiment, "async-test", stage="rl")
+    """``run_rl``'s loop for a given trainer: resumes from the newest checkpoint of its out_dir, in its MLflow run."""
+    resume = resume_point(cfg)
+    run_id = load_driver_state(resume).mlflow_run_id if resume is not None else None
+    tracker = Tracker(cfg, cfg.trainer.experiment, "async-test", stage="rl", resume_run_id=run_id)
     try:
-        trainer.fit(tracker, resume_point(cfg))
+        trainer.fit(tracker, resume)
         tracker.finish()
     finally:
         trainer.close()
@@ -106,45 +109,36 @@ def test_async_with_no_staleness_trains_on_what_sync_does(tiny_config, tiny_data
         assert key in metrics, key
 
 
-def test_a_slow_rollout_rank_that_dies_is_replaced_and_no_sample_past_max_staleness_is_trained(tiny_config, tmp_path):
-    cfg = configured(tiny_config, tmp_path / "slow", mode="async", max_staleness=1, steps=4)
-    cfg.actor.rollout_correction = "token"
-    trainer = recording(AsyncRLTrainer)(cfg)
-    trainer.rollout_worker = UnreliableRollout  # 1 s slower per batch; its process exits at its 2nd batch, once
-    run_id = fit(trainer, cfg)
-
-    stalenesses = [int(r["at"] - r["versions"].min()) for r in trainer.trained]
-    assert len(stalenesses) == 4 and max(stalenesses) <= 1
-    assert max(stalenesses) == 1  # the trainer did overlap with generation: a batch was drawn one version back
-    assert trainer.rollout_restarts == 1 and trainer.restarts == 0  # the pool was replaced, the trainer went on
-    loader = PromptLoader(load_rows(cfg.data.dir, "train"), cfg.trainer.prompts_per_step, cfg.seed)
-    assert [r["uid"][::cfg.rollout.n] for r in trainer.trained] == [list(loader.next_batch()["uid"]) for _ in range(4)]
-    client = MlflowClient(cfg.tracking.uri)
-    history = client.get_metric_history(run_id, "async/staleness_max")
-    assert [p.value for p in sorted(history, key=lambda p: p.step)] == [float(s) for s in stalenesses]
-    metrics = client.get_run(run_id).data.metrics
-    assert 0 < metrics["actor/rollout_is_max"] <= cfg.actor.rollout_is_cap
-    assert metrics["async/rollout_restarts"] == 1
-
-
-def test_an_async_ppo_run_resumes_with_the_prompts_it_had_in_flight(tiny_config, tmp_path):
-    """PPO (a critic) in async mode, max_staleness=1: a run of 2 steps saves with batch 3 in flight; resumed to 3
-    steps it trains batch 3 (the loader counts only trained prompts), generated again."""
+def test_a_ppo_run_with_a_slow_dying_rollout_rank_stays_fresh_and_resumes_with_its_batches_in_flight(
+        tiny_config, tmp_path):
+    """PPO (a critic) in async mode, max_staleness=1, the rollout correction on, a rollout rank 1 s slower per
+    batch that kills its own process at its second batch. Run 2 steps (saved with a batch in flight), then resume
+    to 4: no trained sample is ever more than one version old and one is exactly one; the pool was replaced once
+    and the trainer never restarted; the resumed run trains the batch that was in flight (the loader counts only
+    trained prompts), so both runs together train the loader's first four batches in order."""
     cfg = configured(tiny_config, tmp_path / "ppo", mode="async", max_staleness=1, steps=2)
-    cfg.algorithm.name = "ppo"
+    cfg.algorithm.name, cfg.actor.rollout_correction = "ppo", "token"
     first = recording(AsyncRLTrainer)(cfg)
+    first.rollout_worker = UnreliableRollout  # 1 s slower per batch; its process exits at its 2nd batch, once
     fit(first, cfg)
-    cfg.trainer.steps = 3
+    assert first.rollout_restarts == 1 and first.restarts == 0  # the pool was replaced, the trainer went on
+    cfg.trainer.steps = 4
     resumed = recording(AsyncRLTrainer)(cfg)
+    resumed.rollout_worker = UnreliableRollout  # its marker is left: it lives
     run_id = fit(resumed, cfg)
 
+    trained = first.trained + resumed.trained
+    assert [r["at"] for r in trained] == [0, 1, 2, 3]
+    stalenesses = [int(r["at"] - r["versions"].min()) for r in trained]
+    assert max(stalenesses) == 1  # never older than max_staleness; the trainer did overlap with generation
     loader = PromptLoader(load_rows(cfg.data.dir, "train"), cfg.trainer.prompts_per_step, cfg.seed)
-    batches = [list(loader.next_batch()["uid"]) for _ in range(3)]
-    assert [r["uid"][::cfg.rollout.n] for r in first.trained] == batches[:2]
-    assert [r["uid"][::cfg.rollout.n] for r in resumed.trained] == batches[2:]
-    assert [r["at"] for r in resumed.trained] == [2]
-    metrics = MlflowClient(cfg.tracking.uri).get_run(run_id).data.metrics
-    assert "critic/vf_loss" in metrics and metrics["async/staleness_max"] <= 1
+    assert [r["uid"][::cfg.rollout.n] for r in trained] == [list(loader.next_batch()["uid"]) for _ in range(4)]
+    client = MlflowClient(cfg.tracking.uri)
+    history = sorted(client.get_metric_history(run_id, "async/staleness_max"), key=lambda p: p.step)
+    assert [p.value for p in history] == [float(s) for s in stalenesses]  # one MLflow run across the resume
+    metrics = client.get_run(run_id).data.metrics
+    assert 0 < metrics["actor/rollout_is_max"] <= cfg.actor.rollout_is_cap and "critic/vf_loss" in metrics
+    assert metrics["async/rollout_restarts"] == 0 and resumed.rollout_restarts == 0
 
 
 def test_the_drop_policy_trains_only_fresh_batches_and_counts_the_dropped(tiny_config, tmp_path):
