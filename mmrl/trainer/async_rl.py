@@ -194,7 +194,8 @@ class AsyncRLTrainer(RLTrainer):
             return self.publish()
 
     def publish(self) -> int:
-        """The trainer's weights into the store when their version is not there yet; 1 when they moved."""
+        """Gather the trainer's weights into the store (a collective on its ranks); 1 when the version there
+        changed (or the store had none from this trainer yet), else 0."""
         version = self.workers.publish_weights(self.store)
         moved = int(version != self.trainer_version or self.to_publish)
         self.trainer_version, self.to_publish = version, False
