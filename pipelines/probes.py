@@ -151,11 +151,11 @@ class ScriptedCallsActor(ProbedActor):
 
 class UnreliableRollout(RolloutWorker):
     """A rollout rank of the async mode that holds each batch ``DELAY_S`` longer after drawing it (with the weights
-    it pulled at the batch's start): a rollout pool slower than the trainer. With ``die_on`` set (a batch number,
+    it pulled at the batch's start): a rollout pool slower than it would be. With ``die_on`` set (a batch number,
     counted from 1 on each rank) the rank kills its own process at that batch, once per run: it leaves
     ``<trainer.out_dir>/rollout_died`` behind, and the rebuilt pool's ranks find it and live."""
 
-    DELAY_S = 1.0
+    DELAY_S = 0.3
     die_on = 2
 
     @register(Dispatch.ONE_TO_ALL)

@@ -25,30 +25,38 @@ from mmrl.trainer.rl import run_rl
 from pipelines.probes import ProbedActor
 
 
+class UIServer:
+    """``make ui``'s server process; :meth:`url` waits until it serves."""
+
+    def __init__(self, process: subprocess.Popen, base: str) -> None:
+        self.process, self.base = process, base
+
+    def url(self) -> str:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.base}/health", timeout=2)
+                return self.base
+            except OSError:
+                assert self.process.poll() is None and time.monotonic() < deadline, "the MLflow server did not come up"
+                time.sleep(0.3)
+
+
 @contextmanager
 def mlflow_ui(uri: str):
-    """``make ui``'s server (one worker, no job runners) on a free local port; yields its base URL."""
+    """``make ui``'s server (one worker, no job runners) started on a free local port, at once."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--workers", "1", "--backend-store-uri", uri,
-                               "--host", "127.0.0.1", "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--workers", "1", "--backend-store-uri", uri,
+                                "--host", "127.0.0.1", "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2)
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, "the MLflow server did not come up"
-                time.sleep(0.3)
-        yield base
+        yield UIServer(process, f"http://127.0.0.1:{port}")
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        process.terminate()
+        process.wait(timeout=30)
 
 
 def rest(base: str, path: str) -> dict:
@@ -62,8 +70,12 @@ def test_two_grpo_steps_log_to_mlflow(tiny_config, reference_greedy):
     cfg.actor.use_kl_loss = True  # exercises the reference policy too
     cfg.tracking.log_model, cfg.tracking.system_metrics, cfg.tracking.system_metrics_interval_s = True, True, 1.0
     cfg.tracking.register_model = "tiny-policy"
-    result = run_rl(cfg)
+    with mlflow_ui(cfg.tracking.uri) as ui:  # the UI's server starts while the run trains: it reads the store live
+        result = run_rl(cfg)
+        check_the_run(cfg, result, ui, reference_greedy)
 
+
+def check_the_run(cfg, result, ui: UIServer, reference_greedy) -> None:
     client = MlflowClient(cfg.tracking.uri)
     run = client.get_run(result["mlflow_run_id"])
     assert run.info.status == "FINISHED"
@@ -113,14 +125,14 @@ def test_two_grpo_steps_log_to_mlflow(tiny_config, reference_greedy):
     assert client.get_latest_versions("tiny-policy")[0].run_id == run.info.run_id
 
     # The UI's server reads the same run, its inputs, its model and its artifacts through its REST API.
-    with mlflow_ui(cfg.tracking.uri) as base:
-        served = rest(base, f"runs/get?run_id={run.info.run_id}")["run"]
-        assert {i["dataset"]["name"] for i in served["inputs"]["dataset_inputs"]} == set(inputs)
-        assert served["outputs"]["model_outputs"][0]["model_id"] == output.model_id
-        model = rest(base, f"logged-models/{output.model_id}")["model"]
-        assert model["info"]["source_run_id"] == run.info.run_id and model["info"]["name"] == "policy"
-        listed = {f["path"] for f in rest(base, f"artifacts/list?run_id={run.info.run_id}")["files"]}
-        assert {"curves.png", "rollouts", "checkpoint_path.txt"} <= listed
+    base = ui.url()
+    served = rest(base, f"runs/get?run_id={run.info.run_id}")["run"]
+    assert {i["dataset"]["name"] for i in served["inputs"]["dataset_inputs"]} == set(inputs)
+    assert served["outputs"]["model_outputs"][0]["model_id"] == output.model_id
+    model = rest(base, f"logged-models/{output.model_id}")["model"]
+    assert model["info"]["source_run_id"] == run.info.run_id and model["info"]["name"] == "policy"
+    listed = {f["path"] for f in rest(base, f"artifacts/list?run_id={run.info.run_id}")["files"]}
+    assert {"curves.png", "rollouts", "checkpoint_path.txt"} <= listed
 
 
 @pytest.fixture
