@@ -23,6 +23,7 @@ RUNS = [  # (overrides, the metric the loss logs)
 ]
 
 
+@pytest.mark.extra  # the losses' code is the unit-tested functions, through the updater every run takes: make test-extra
 def test_each_new_loss_runs_two_rl_steps(tiny_config, tmp_path):
     cfg = tiny_config
     varied = tmp_path / "varied.py"  # a reward that tells a random model's samples apart, so no group is flat
