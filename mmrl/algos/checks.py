@@ -58,8 +58,8 @@ def check_async(cfg: Config, algorithm: type[Algorithm]) -> None:
     name = cfg.algorithm.name
     if algorithm.collect is not Algorithm.collect:
         raise ConfigError(f"trainer.mode=async generates each step's prompts ahead of the step, one round each; "
-                          f"{name} collects its own way (DAPO's dynamic sampling draws more prompts until its batch "
-                          "is full), which the async buffer does not serve yet: use trainer.mode=sync")
+                          f"{name} collects its own way (DAPO's and VAPO's dynamic sampling draw more prompts until their "
+                          "batch is full), which the async buffer does not serve yet: use trainer.mode=sync")
     if algorithm.extra_rollouts is not Algorithm.extra_rollouts:
         raise ConfigError(f"trainer.mode=async: {name} generates extra rollouts with the current weights inside the "
                           "step (ReMax's greedy baseline), which the rollout pool would give from older weights: "
