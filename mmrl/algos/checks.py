@@ -38,9 +38,9 @@ def check_algorithm_config(cfg: Config, given: frozenset[str]) -> None:
         each = ", ".join(f"{key} (the {owners[key]} loss's)" for key in foreign)
         raise ConfigError(f"{each}: actor.policy_loss={loss} does not read it; remove it or choose that loss")
     if cfg.actor.rollout_correction != "none" and loss not in LINEAR_LOSSES:
-        raise ConfigError(f"actor.rollout_correction={cfg.actor.rollout_correction} weights each token's policy-gradient "
-                          f"term through its advantage, which the {loss} loss does not scale with; use it with "
-                          f"{', '.join(sorted(LINEAR_LOSSES))}, or actor.rollout_correction=none")
+        raise ConfigError(f"actor.rollout_correction={cfg.actor.rollout_correction} weights each token's "
+                          f"policy-gradient term through its advantage, which the {loss} loss does not scale with; "
+                          f"use it with {', '.join(sorted(LINEAR_LOSSES))}, or actor.rollout_correction=none")
     if cfg.trainer.guide_unsolved:
         raise NotImplementedError("trainer.guide_unsolved: guiding an always-wrong group with a known-good response "
                                   "(LUFFY-style off-policy guidance) is not built yet; set it to false")
@@ -58,8 +58,9 @@ def check_async(cfg: Config, algorithm: type[Algorithm]) -> None:
     name = cfg.algorithm.name
     if algorithm.collect is not Algorithm.collect:
         raise ConfigError(f"trainer.mode=async generates each step's prompts ahead of the step, one round each; "
-                          f"{name} collects its own way (DAPO's and VAPO's dynamic sampling draw more prompts until their "
-                          "batch is full), which the async buffer does not serve yet: use trainer.mode=sync")
+                          f"{name} collects its own way (DAPO's and VAPO's dynamic sampling draw more prompts "
+                          "until their batch is full), which the async buffer does not serve yet: use "
+                          "trainer.mode=sync")
     if algorithm.extra_rollouts is not Algorithm.extra_rollouts:
         raise ConfigError(f"trainer.mode=async: {name} generates extra rollouts with the current weights inside the "
                           "step (ReMax's greedy baseline), which the rollout pool would give from older weights: "
