@@ -23,7 +23,7 @@ the quarantine file shows bytes as ``<N bytes>``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -216,4 +216,4 @@ def _shown(value: Any) -> str:
         return repr(value)[:2000]
 
 
-__all__: Sequence[str] = ("FORMATS", "Source", "peer_sources", "read_rows")
+__all__ = ["FORMATS", "Source", "peer_sources", "read_rows"]

@@ -35,7 +35,6 @@ from typing import Any
 
 import ray
 
-from mmrl.config import Config
 from mmrl.controller import ResourcePool, WorkerFailure, WorkerGroup
 from mmrl.controller.session import worker_shape
 from mmrl.controller.worker import resolve_device

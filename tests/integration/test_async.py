@@ -14,7 +14,6 @@ from safetensors.torch import load_file
 from data_prep.parquet import write_parquet
 from data_prep.pixels import encode_png
 
-from mmrl.run_config import prepare_run_config
 from mmrl.tracking import Tracker
 from mmrl.trainer.async_rl import AsyncRLTrainer
 from mmrl.trainer.checkpoint import load_driver_state, resume_point
