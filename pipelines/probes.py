@@ -127,26 +127,40 @@ class ProbedJudge(JudgeWorker):
         return os.getpid()
 
 
+def script_calls(agent: Any) -> None:
+    """Decide for a random model when its agent calls a tool: a policy turn whose text has an even number of
+    characters calls ``zoom_in`` on the top-left quarter of the episode's first image; the others answer. (A random
+    tiny model never writes a well-formed call itself.) Everything after the decision is the real agent loop: the
+    tool's worker process, the tool turn, its encoding, the holes."""
+    from mmrl.agent.calls import ToolCall
+
+    if agent is not None:
+        agent.table.parse = lambda text: [ToolCall("zoom_in", {"bbox_2d": [0, 0, 28, 28]})] if len(text) % 2 == 0 else []
+
+
 class ScriptedCallsActor(ProbedActor):
-    """The probed hybrid worker whose agent decides for a random model when to call a tool: a policy turn whose
-    text has an even number of characters calls ``zoom_in`` on the top-left quarter of the episode's first
-    image; the others answer. (A random tiny model never writes a well-formed call itself.) Everything after
-    the decision is the real agent loop: the tool's worker process, the tool turn, its encoding, the holes."""
+    """The probed hybrid worker whose agent's calls are scripted (:func:`script_calls`)."""
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, *args: Any, **kwargs: Any) -> int:
-        from mmrl.agent.calls import ToolCall
-
         count = super().init_model(*args, **kwargs)
-        table = self.agent.table if self.agent is not None else None
-        if table is not None:
-            table.parse = lambda text: [ToolCall("zoom_in", {"bbox_2d": [0, 0, 28, 28]})] if len(text) % 2 == 0 else []
+        script_calls(self.agent)
         return count
 
     @register(Dispatch.ONE_TO_ALL)
     def held_contexts(self) -> list[str]:
         """The context keys of the agent samples this rank holds."""
         return sorted(key for key in self.prompt_cache.by_uid if "#" in key)
+
+
+class ScriptedCallsRollout(RolloutWorker):
+    """A rank of the async mode's rollout pool whose agent's calls are scripted (:func:`script_calls`)."""
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self, *args: Any, **kwargs: Any) -> int:
+        version = super().init_model(*args, **kwargs)
+        script_calls(self.agent)
+        return version
 
 
 class UnreliableRollout(RolloutWorker):

@@ -34,21 +34,19 @@ from mmrl.rollout.samples import encode_rows
 
 
 def check_agent_run(cfg: Config) -> None:
-    """Raises NotImplementedError for what agent rollouts do not support yet: a critic, a reward model or a judge
-    (their ranks would need the tool turns' media, which only the generating rank holds)."""
+    """Raises NotImplementedError for what agent rollouts do not support yet: a reward model or a judge (neither
+    reads the tool turns' media yet). A critic scores the episodes from their scoring contexts, sent to its ranks
+    with the samples (:mod:`mmrl.workers.prompts`)."""
     if not cfg.rollout.agent.enabled:
         return
-    from mmrl.algos import ALGORITHMS
-
     missing = [what for what, used in (
-        (f"a critic (algorithm.name={cfg.algorithm.name})", ALGORITHMS[cfg.algorithm.name].needs_critic),
         ("a reward model (reward.model.path)", bool(cfg.reward.model.path)),
         ("a judge (reward.judge.path)", bool(cfg.reward.judge.path))) if used]
     if missing:
         raise NotImplementedError(
-            f"rollout.agent.enabled with {' and '.join(missing)} is not supported yet: the tool turns' images are "
-            "held by the rank that generated the episode only; use a critic-free algorithm (grpo, rloo, dapo, ...) "
-            "with rule rewards, or rollout.agent.enabled=false")
+            f"rollout.agent.enabled with {' and '.join(missing)} is not supported yet: they score the prompt and the "
+            "final answer, not the tool turns' images; use rule rewards (reward.function), which receive the whole "
+            "episode, or rollout.agent.enabled=false")
 
 
 def tool_limits(cfg: AgentConfig) -> ToolLimits:

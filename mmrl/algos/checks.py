@@ -65,7 +65,3 @@ def check_async(cfg: Config, algorithm: type[Algorithm]) -> None:
         raise ConfigError(f"trainer.mode=async: {name} generates extra rollouts with the current weights inside the "
                           "step (ReMax's greedy baseline), which the rollout pool would give from older weights: "
                           "use trainer.mode=sync")
-    if cfg.rollout.agent.enabled:
-        raise NotImplementedError(
-            "trainer.mode=async with rollout.agent: an episode's tool images stay on the rollout rank that ran it, "
-            "and the trainer's ranks score from them; shipping them is not built yet: use trainer.mode=sync")

@@ -29,7 +29,9 @@ A method that reads the samples' prompt encodings says ``prompts=True``: the Wor
 batch's ``prompt`` objects when the caller holds them, and otherwise the prompt's media (``messages``,
 ``images``, ``videos``) only to a rank that does not hold that prompt's encoding yet
 (:mod:`mmrl.workers.prompts`): a prompt's media crosses to a group once per step. Samples with their own
-scoring context (an agent episode's, held by the rank that generated it) also send its ``context_key``.
+scoring context (an agent episode's) also send its ``context_key``, and, when the driver holds the context
+itself (``context``: the generating rank was another group's, or another group scores it too), the context to
+a rank that does not hold that key yet: like a prompt's media, a context crosses to a group once per step.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ ZEROED_ON_PADDING = ("response_mask", "policy_mask", "advantages")
 MEDIA_KEYS = ("messages", "images", "videos")
 # A sample's own scoring context on the rank that generated it (an agent episode's; see mmrl.workers.prompts).
 CONTEXT_KEY = "context_key"
+# The scoring context itself (an EncodedPrompt), for a rank that does not hold its key yet.
+CONTEXT = "context"
 
 
 class Dispatch(enum.Enum):
@@ -82,7 +86,7 @@ class DispatchSpec:
         optional = self.optional
         if self.prompts:
             held = ("prompt",) if "prompt" in batch.objects else MEDIA_KEYS
-            optional = (*optional, "uid", CONTEXT_KEY, *held)
+            optional = (*optional, "uid", CONTEXT_KEY, *held, CONTEXT)
         return batch.select_fields(*self.fields, optional=optional)
 
 
@@ -236,11 +240,14 @@ def plan_dp(
 
 
 def without_media(part: Batch, held: set[str]) -> Batch:
-    """``part`` with the media of the prompts in ``held`` (uids a rank already encoded) replaced by None."""
+    """``part`` with the media of the prompts in ``held`` (uids a rank already encoded) replaced by None, and
+    the scoring contexts whose keys are in ``held``."""
     objects = dict(part.objects)
     for key in MEDIA_KEYS:
         if key in objects:
             objects[key] = [None if uid in held else value for uid, value in zip(part["uid"], objects[key])]
+    if CONTEXT in objects:
+        objects[CONTEXT] = [None if key in held else value for key, value in zip(part[CONTEXT_KEY], objects[CONTEXT])]
     return Batch(tensors=part.tensors, objects=objects, meta=part.meta)
 
 

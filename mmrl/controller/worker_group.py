@@ -21,9 +21,10 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import NodeDiedError, OutOfMemoryError, RayActorError, RayTaskError, WorkerCrashedError
 
-from mmrl.controller.dispatch import DISPATCH_ATTR, DispatchSpec, collect, split_args
+from mmrl.controller.dispatch import CONTEXT_KEY, DISPATCH_ATTR, DispatchSpec, collect, split_args
 from mmrl.controller.resource_pool import ResourcePool
 from mmrl.controller.reuse import HostSpec
+from mmrl.protocol import Batch
 
 # Errors that mean a rank's process is gone: the call can never complete.
 DEATH = (RayActorError, OutOfMemoryError, WorkerCrashedError, NodeDiedError)
@@ -130,7 +131,7 @@ class WorkerGroup:
         if grouped and plan is not None and plan.ranks and spec.keep_prompts:
             self.placement.update(plan.ranks)
             for rank, ((part, *_), _kw) in enumerate(per_rank):
-                self.held[rank].update(part["uid"])
+                self.held[rank].update(held_keys(part))
         if self.count_bytes:
             self.bytes_sent[method] += sum(len(ray.cloudpickle.dumps(call)) for call in per_rank)
         refs = [w.call.remote(method, *a, **kw) for w, (a, kw) in zip(self.workers, per_rank)]
@@ -211,9 +212,22 @@ class Pending:
         """The collected result; raises WorkerFailure as a direct call does."""
         group = self.group
         results = group._gather(self.method, self.refs)
+        if self.spec.prompts and self.spec.keep_prompts and group.group_by_prompt:
+            # Samples with their own contexts (agent episodes): the rank that generated them holds them.
+            for rank, result in enumerate(results):
+                if isinstance(result, Batch) and CONTEXT_KEY in result.objects:
+                    group.held[rank].update(key for key in result[CONTEXT_KEY] if key is not None)
         if group.count_bytes:
             group.bytes_received[self.method] += sum(len(ray.cloudpickle.dumps(r)) for r in results)
         return collect(self.spec.mode, results, self.plan)
+
+
+def held_keys(part: Batch) -> list[str]:
+    """What a rank holds once it has taken ``part``: its prompts' uids, and the keys of the contexts it got."""
+    keys = list(part["uid"])
+    if CONTEXT_KEY in part.objects:
+        keys += [key for key in part[CONTEXT_KEY] if key is not None]
+    return keys
 
 
 def _reset_ok(ref: ray.ObjectRef) -> bool:

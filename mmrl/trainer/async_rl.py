@@ -111,6 +111,8 @@ class AsyncRLTrainer(RLTrainer):
         self.rollout_pool = WorkerGroup(self.rollout_worker, pool, threads=threads, device=res.device,
                                         timeout_s=cfg.trainer.step_timeout_s)
         self.rollout_pool.init_model(cfg, self.checkpoint, self.store)
+        if cfg.rollout.agent.enabled:
+            self.tool_names = self.rollout_pool.tool_names()  # the pool's ranks run the tools
 
     def restore(self, folder: Path) -> None:
         super().restore(folder)

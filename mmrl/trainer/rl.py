@@ -142,6 +142,8 @@ class RLTrainer:
             self.groups[name] = WorkerGroup(worker, own_pool, share=1.0 if own else 1.0 / colocated, **group)
             self.groups[name].init_model(cfg, path)
         self.critic = self.groups.get("critic")
+        # Agent episodes' scoring contexts go back to the driver when another group scores the samples too.
+        self.share_contexts = cfg.rollout.agent.enabled and self.critic is not None
         self.reward = self.build_reward()
 
     def worker_shape(self, use_gpu: bool, pools: int) -> tuple[float, int]:
@@ -266,7 +268,8 @@ class RLTrainer:
 
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
         """``params.n`` responses to each prompt: one row per sample, with its prompt's fields."""
-        return prompts.repeat(params.n).union(self.workers.generate(prompts, params))
+        return prompts.repeat(params.n).union(self.workers.generate(prompts, params,
+                                                                     share_contexts=self.share_contexts))
 
     def correct_rollouts(self, batch: Batch) -> dict[str, float]:
         """The rollout correction's weights (``actor.rollout_correction``) into the batch; their metrics."""

@@ -37,6 +37,7 @@ from mmrl.budget import (MicroBatching, ModelDims, memory_at_hand, score_batchin
                          update_batching)
 from mmrl.config import Config
 from mmrl.controller import Dispatch, register
+from mmrl.controller.dispatch import CONTEXT, CONTEXT_KEY
 from mmrl.models.encoding import vision_token_ids
 from mmrl.models.loading import load_processor, save_checkpoint
 from mmrl.models.lora import (ADAPTER_DIR, adapter_state, adapter_tensors, adapters_off, export_config, has_lora,
@@ -188,28 +189,33 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         if self.rollout is not None and self.cfg.rollout.free_cache_engine and self.rollout.release():
             self.engine_version = None
 
-    def rollout_batch(self, prompts: Batch, params: SamplingParams, keep: bool, return_prompts: bool) -> Batch:
+    def rollout_batch(self, prompts: Batch, params: SamplingParams, keep: bool, return_prompts: bool,
+                      share_contexts: bool = False) -> Batch:
         """n samples per prompt row. The dispatcher's padding rows (copies of this rank's last prompt) are not
         generated for: they get copies of the last real prompt's samples, which the driver drops."""
         encoded = self.prompt_cache.attach(prompts, keep=keep)["prompt"]
         self.sync_weights(wake=True)  # a no-op after the driver's update_weights stage
         real = real_prompts(prompts)
         if self.agent is not None:
-            out = self.episodes(encoded[:real], params, keep, return_prompts)
+            out = self.episodes(encoded[:real], params, keep, return_prompts, share_contexts)
         else:
             out = sample_encoded(self.engine(), encoded[:real], params, self.version, with_prompts=return_prompts)
         return pad_samples(out, real, len(prompts), params.n)
 
-    def episodes(self, encoded: list, params: SamplingParams, keep: bool, return_prompts: bool) -> Batch:
+    def episodes(self, encoded: list, params: SamplingParams, keep: bool, return_prompts: bool,
+                 share_contexts: bool) -> Batch:
         """The agent's samples for these prompts; with ``keep`` the rank holds each sample's scoring context
         under its ``context_key`` (``<prompt uid>#<serial>``: unique on the rank, whatever rounds the step
-        takes) for the step's later calls."""
+        takes) for the step's later calls, and with ``share_contexts`` also returns them (``context``) for the
+        other groups that score the samples (a critic's)."""
         out, contexts = self.agent.sample(encoded, params, self.version)
         first = len(self.prompt_cache)
         keys = [f"{e.name}#{first + i}" for i, e in enumerate(e for e in encoded for _ in range(params.n))]
         if keep:
             self.prompt_cache.hold(keys, contexts)
-            out.objects["context_key"] = keys
+            out.objects[CONTEXT_KEY] = keys
+            if share_contexts:
+                out.objects[CONTEXT] = contexts
         if return_prompts:
             out.objects["prompt"] = contexts
         return out
@@ -225,11 +231,14 @@ class ActorRolloutRefWorker(CheckpointedWorker):
             self.agent.close()
 
     @register(Dispatch.DP_COMPUTE, fields=("messages", "images"), prompts=True)
-    def generate(self, prompts: Batch, params: SamplingParams, return_prompts: bool = False) -> Batch:
+    def generate(self, prompts: Batch, params: SamplingParams, return_prompts: bool = False,
+                 share_contexts: bool = False) -> Batch:
         """prompts (one row per prompt: uid, messages, images, videos) -> one row per sample (n per prompt,
         in order): see :func:`mmrl.rollout.samples.sample_encoded`. The rank keeps the prompts' encodings for
-        the step's later calls; ``return_prompts`` also sends them back (a ``make bench`` baseline)."""
-        return self.rollout_batch(prompts, params, keep=True, return_prompts=return_prompts)
+        the step's later calls; ``return_prompts`` also sends them back (a ``make bench`` baseline);
+        ``share_contexts`` sends agent episodes' scoring contexts back, for the other groups (a critic's)."""
+        return self.rollout_batch(prompts, params, keep=True, return_prompts=return_prompts,
+                                  share_contexts=share_contexts)
 
     @register(Dispatch.DP_COMPUTE, fields=("messages", "images"), prompts=True, keep_prompts=False)
     def generate_once(self, prompts: Batch, params: SamplingParams) -> Batch:

@@ -8,7 +8,8 @@ samples' uids, token ids, masks and scalars. The WorkerGroup keeps each group on
 
 A sample may have its own scoring context (an agent episode's prompt with the media its tools returned,
 :meth:`mmrl.agent.episode.Episode.scoring_context`): the rank that generated the sample holds it under the
-sample's ``context_key`` (:meth:`PromptCache.hold`), and the step's later calls find it by that key.
+sample's ``context_key`` (:meth:`PromptCache.hold`), and the step's later calls find it by that key. Another
+group's rank (a critic's, the async mode's trainer) gets the context itself with the key, once per step.
 
 A Batch that carries its own ``prompt`` objects (encodings built by the caller, as in tests and
 benchmarks) is used as it is.
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mmrl.controller.dispatch import CONTEXT_KEY, MEDIA_KEYS
+from mmrl.controller.dispatch import CONTEXT, CONTEXT_KEY, MEDIA_KEYS
 from mmrl.models.encoding import EncodedPrompt
 from mmrl.protocol import Batch
 from mmrl.rollout.samples import encode_row
@@ -62,14 +63,19 @@ class PromptCache:
             keep = False
         media = {key: batch.objects.get(key) for key in MEDIA_KEYS}
         contexts = batch.objects.get(CONTEXT_KEY) or [None] * len(batch)
+        shipped = batch.objects.get(CONTEXT) or [None] * len(batch)
         fresh: dict[str, EncodedPrompt] = {}
         encodings = []
         for row, uid in enumerate(batch["uid"]):
-            if contexts[row] is not None:
-                if contexts[row] not in self.by_uid:
-                    raise KeyError(f"sample {contexts[row]!r} (prompt {uid!r}) has its own context, and it is not held "
-                                   "on this rank (only the rank that generated a sample holds it)")
-                encodings.append(self.by_uid[contexts[row]])
+            key = contexts[row]
+            if key is not None:
+                context = self.by_uid.get(key) or fresh.get(key) or shipped[row]
+                if context is None:
+                    raise KeyError(f"sample {key!r} (prompt {uid!r}) has its own context, and it is neither held on "
+                                   "this rank nor sent with the call (the generating rank returns it with "
+                                   "share_contexts)")
+                fresh[key] = context
+                encodings.append(context)
                 continue
             prompt = self.by_uid.get(uid) or fresh.get(uid)
             if prompt is None:
@@ -83,5 +89,5 @@ class PromptCache:
             encodings.append(prompt)
         if keep:
             self.by_uid.update(fresh)
-        objects = {k: v for k, v in batch.objects.items() if k not in (*MEDIA_KEYS, CONTEXT_KEY)}
+        objects = {k: v for k, v in batch.objects.items() if k not in (*MEDIA_KEYS, CONTEXT_KEY, CONTEXT)}
         return Batch(tensors=batch.tensors, objects={**objects, "prompt": encodings}, meta=batch.meta)

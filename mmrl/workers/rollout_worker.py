@@ -6,6 +6,11 @@ records (``weight_version``). The weights come from the trainer through Ray's ob
 (:class:`mmrl.trainer.async_rl.WeightStore`): before each batch the rank asks the store for the newest version
 and, when it is newer than its own, loads it. On GPUs this is the seam for a NCCL or CUDA-IPC broadcast from the
 trainer's ranks (the store would then hand out a handle instead of the tensors).
+
+With ``rollout.agent`` its samples are episodes (:class:`~mmrl.agent.rollout.AgentRollout`, its tools' worker
+processes on this rank). The rank keeps nothing of them: each sample's scoring context (the prompt with the
+tool turns' media) goes back with it under its ``context_key`` (``context``), and the driver sends it on to the
+one trainer rank that scores the sample (:mod:`mmrl.workers.prompts`), once per step.
 """
 
 from __future__ import annotations
@@ -15,9 +20,12 @@ from typing import Any
 
 import torch
 
+from mmrl.agent.rollout import AgentRollout
 from mmrl.config import Config
 from mmrl.controller import Dispatch, register
+from mmrl.controller.dispatch import CONTEXT, CONTEXT_KEY
 from mmrl.controller.worker import Worker
+from mmrl.models.encoding import EncodedPrompt
 from mmrl.models.loading import load_processor
 from mmrl.protocol import Batch
 from mmrl.rollout import RolloutEngine, SamplingParams, build_rollout_engine
@@ -41,7 +49,12 @@ class RolloutWorker(Worker):
                                                           device=self.device)
         self.version = 0
         self.prompt_cache = PromptCache(self.processor)
+        self.agent: AgentRollout | None = None
+        if cfg.rollout.agent.enabled:
+            self.agent = AgentRollout(cfg.rollout.agent, self.processor, self.engine, cfg.rollout.max_new_tokens)
+            self.prompt_cache.prepare = self.agent.messages
         self.idle_since: float | None = None
+        self.serial = 0  # of the agent samples this rank drew: their context keys are unique in the run
         return self.version
 
     @register(Dispatch.ONE_TO_ALL)
@@ -71,11 +84,34 @@ class RolloutWorker(Worker):
         self.pull_weights()
         encoded = self.prompt_cache.attach(prompts, keep=False)["prompt"]
         real = real_prompts(prompts)
-        out = pad_samples(sample_encoded(self.engine, encoded[:real], params, self.version), real, len(prompts),
-                          params.n)
+        if self.agent is not None:
+            out = self.episodes(encoded[:real], params)
+        else:
+            out = sample_encoded(self.engine, encoded[:real], params, self.version)
+        out = pad_samples(out, real, len(prompts), params.n)
         self.idle_since = time.perf_counter()
         out.tensors["rollout_wait_s"] = torch.full((len(out),), waited)
         return out
+
+    def episodes(self, encoded: list[EncodedPrompt], params: SamplingParams) -> Batch:
+        """The agent's samples for these prompts, each with its scoring context (``context``) under a key of its
+        own (``<prompt uid>#r<rank>.<serial>``)."""
+        out, contexts = self.agent.sample(encoded, params, self.version)
+        names = [e.name for e in encoded for _ in range(params.n)]
+        out.objects[CONTEXT_KEY] = [f"{name}#r{self.rank}.{self.serial + i}" for i, name in enumerate(names)]
+        out.objects[CONTEXT] = contexts
+        self.serial += len(names)
+        return out
+
+    @register(Dispatch.RANK_ZERO)
+    def tool_names(self) -> list[str]:
+        """The agent's tools by the names the policy calls them (none without ``rollout.agent``)."""
+        return list(self.agent.table.names) if self.agent is not None else []
+
+    def close(self) -> None:
+        """End the tool worker processes (the host calls this before it drops the worker)."""
+        if getattr(self, "agent", None) is not None:
+            self.agent.close()
 
     @register(Dispatch.ONE_TO_ALL)
     def weight_version(self) -> int:

@@ -1,7 +1,8 @@
-"""One Ray session for all integration tests (2 cores are all there is), and the one-prompt-at-a-time
-generation reference that the engines are checked against."""
+"""One Ray session for all integration tests (2 cores are all there is), the one-prompt-at-a-time
+generation reference that the engines are checked against, and the tiny model whose turns end (agent runs)."""
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 import ray
@@ -42,3 +43,19 @@ def greedy_one_at_a_time(checkpoint, prompts: Sequence[tuple[list[dict], list]],
 @pytest.fixture
 def reference_greedy() -> Callable[..., list[str]]:
     return greedy_one_at_a_time
+
+
+@pytest.fixture(scope="session")
+def turn_ending_model_dir(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with its end-of-turn token's head row along its typical final state: its turns end
+    after a few tokens (a random model's rarely end at all), so that agent episodes go on after tool turns."""
+    model, processor = load_model(str(vllm_model_dir)), load_processor(str(vllm_model_dir))
+    prompt = encode_prompt(processor, [{"role": "user", "content": "What colour is it?"}], [])
+    with torch.no_grad():
+        states = model(**collate([prompt], processor.tokenizer.pad_token_id), output_hidden_states=True)
+        final = states.hidden_states[-1][0].mean(0)
+        model.lm_head.weight[processor.tokenizer.eos_token_id] = 2.0 * final / final.norm()
+    out = tmp_path_factory.mktemp("turn_ending")
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return out

@@ -1,45 +1,31 @@
-"""Agent rollouts in a real run: GRPO on 2 ranks whose episodes hold tool turns with images (holes in the
-policy mask), scored and trained where they were generated, with the agent's metrics and the rollout HTML."""
+"""Agent rollouts in real runs whose episodes hold tool turns with images (holes in the policy mask): PPO on 2
+ranks, scored and trained where they were generated and valued by a critic that gets their contexts with the
+samples, with the agent's metrics and the rollout HTML; and GRPO in async mode, its episodes run on the rollout
+pool and trained on the trainer's rank."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-import torch
 from mlflow.tracking import MlflowClient
 
-from mmrl.models.encoding import collate, encode_prompt
-from mmrl.models.loading import load_model, load_processor
-
 from mmrl.tracking import Tracker
+from mmrl.trainer.async_rl import AsyncRLTrainer
 from mmrl.trainer.rl import RLTrainer
-from pipelines.probes import ScriptedCallsActor
+from pipelines.probes import ScriptedCallsActor, ScriptedCallsRollout
 
 
 class ScriptedTrainer(RLTrainer):
-    actor_worker = ScriptedCallsActor  # decides when the random model calls zoom_in (see its docstring)
+    actor_worker = ScriptedCallsActor  # decides when the random model calls zoom_in (see script_calls)
 
 
-def turn_ending_model(model_dir: Path, out: Path, scale: float = 2.0) -> Path:
-    """The tiny model with its end-of-turn token's head row along its typical final state: its turns end
-    after a few tokens (a random model's rarely end at all), so that episodes go on after tool turns."""
-    model, processor = load_model(str(model_dir)), load_processor(str(model_dir))
-    prompt = encode_prompt(processor, [{"role": "user", "content": "What colour is it?"}], [])
-    with torch.no_grad():
-        states = model(**collate([prompt], processor.tokenizer.pad_token_id), output_hidden_states=True)
-        final = states.hidden_states[-1][0].mean(0)
-        model.lm_head.weight[processor.tokenizer.eos_token_id] = scale * final / final.norm()
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    return out
+class ScriptedAsyncTrainer(AsyncRLTrainer):
+    rollout_worker = ScriptedCallsRollout
 
 
-# vLLM runs the same loop through the engine interface; its run costs a vLLM start: `make test-extra`.
-@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.extra)])
-def test_grpo_on_two_ranks_trains_on_episodes_whose_tool_turns_are_holes(engine, tiny_config, vllm_model_dir, tmp_path):
-    cfg = tiny_config
-    cfg.model.path = cfg.trainer.init = str(turn_ending_model(vllm_model_dir, tmp_path / "model"))
+def agent_config(cfg, model_dir: Path, engine: str = "hf"):
+    cfg.model.path = cfg.trainer.init = str(model_dir)
     cfg.rollout.engine = engine
     cfg.rollout.agent.max_new_tokens = 12
     # A reward on the final answer's text that differs within groups, so that the update has advantages.
@@ -49,9 +35,27 @@ def test_grpo_on_two_ranks_trains_on_episodes_whose_tool_turns_are_holes(engine,
     cfg.rollout.agent.max_turns, cfg.rollout.agent.max_tokens = 3, 400
     cfg.rollout.agent.max_pixels = 56 * 56
     cfg.rollout.agent.num_workers = 1
-    cfg.resources.num_workers = 2
     cfg.trainer.steps, cfg.trainer.val_size, cfg.trainer.eval_every = 2, 4, 0
     cfg.actor.old_log_probs = "recompute"  # so that the rollout's and the trainer's log-probs are compared
+    return cfg
+
+
+def check_episodes_trained(metrics: dict[str, float]) -> None:
+    assert metrics["agent/tool_calls/zoom_in"] > 0
+    assert metrics["agent/tool_errors"] == 0 and metrics["actor/pg_loss"] != 0
+    assert 1 < metrics["agent/turns/mean"] <= 3
+    assert metrics["agent/response_tokens/tool/mean"] > 0
+    assert metrics["response_length/policy_tokens"] < metrics["response_length/mean"]
+    assert metrics["rollout/logprob_diff_max"] < 1e-4  # over the policy's tokens of multi-turn episodes
+
+
+# vLLM runs the same loop through the engine interface; its run costs a vLLM start: `make test-extra`.
+@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.extra)])
+def test_ppo_on_two_ranks_trains_and_values_episodes_whose_tool_turns_are_holes(engine, tiny_config,
+                                                                               turn_ending_model_dir, tmp_path):
+    cfg = agent_config(tiny_config, turn_ending_model_dir, engine)
+    cfg.algorithm.name = "ppo"
+    cfg.resources.num_workers = 2
     trainer = ScriptedTrainer(cfg)
     tracker = Tracker(cfg, cfg.trainer.experiment, "agent", stage="rl")
     try:
@@ -67,12 +71,24 @@ def test_grpo_on_two_ranks_trains_on_episodes_whose_tool_turns_are_holes(engine,
     run = client.get_run(tracker.run_id)
     metrics = run.data.metrics
     assert run.info.status == "FINISHED"
-    assert metrics["agent/tool_calls/zoom_in"] > 0
-    assert metrics["agent/tool_errors"] == 0 and metrics["critic/flat_groups"] < 1 and metrics["actor/pg_loss"] != 0
-    assert 1 < metrics["agent/turns/mean"] <= 3
-    assert metrics["agent/response_tokens/tool/mean"] > 0
-    assert metrics["response_length/policy_tokens"] < metrics["response_length/mean"]
-    assert metrics["rollout/logprob_diff_max"] < 1e-4  # over the policy's tokens of multi-turn episodes
+    check_episodes_trained(metrics)
+    assert metrics["critic/vf_loss"] > 0 and abs(metrics["critic/values/mean"]) > 0  # the critic saw the episodes
     html = Path(client.download_artifacts(run.info.run_id, "rollouts/step_00002.html", str(tmp_path))).read_text()
     assert "<b>tool</b> zoom_in" in html and "data:image/png;base64" in html
 
+
+def test_async_grpo_trains_on_episodes_the_rollout_pool_ran(tiny_config, turn_ending_model_dir):
+    """max_staleness=0: the trainer's rank scores episodes with tool images it never generated (their contexts
+    came with the samples) with the weights that drew them, to the engine's log-probs within 1e-4."""
+    cfg = agent_config(tiny_config, turn_ending_model_dir)
+    cfg.trainer.mode, cfg.trainer.max_staleness = "async", 0
+    trainer = ScriptedAsyncTrainer(cfg)
+    tracker = Tracker(cfg, cfg.trainer.experiment, "agent-async", stage="rl")
+    try:
+        trainer.fit(tracker)
+        tracker.finish()
+    finally:
+        trainer.close()
+    metrics = MlflowClient(cfg.tracking.uri).get_run(tracker.run_id).data.metrics
+    check_episodes_trained(metrics)
+    assert metrics["async/staleness_max"] == 0

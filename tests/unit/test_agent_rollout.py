@@ -10,6 +10,8 @@ import torch
 from PIL import Image
 
 from mmrl.agent.rollout import agent_metrics, check_agent_run, episode_record
+from mmrl.controller.dispatch import Dispatch, DispatchSpec, split_args
+from mmrl.controller.worker_group import held_keys
 from mmrl.models.encoding import EncodedPrompt
 from mmrl.protocol import Batch
 from mmrl.trainer.evaluation import samples_html
@@ -115,10 +117,33 @@ def test_a_rank_finds_each_sample_s_own_context_by_its_key_and_refuses_one_it_do
     assert "context_key" not in attached.objects
     stranger = Batch(tensors={"responses": torch.zeros(1, 3, dtype=torch.long)},
                      objects={"uid": ["u9"], "context_key": ["u9#0"]})
-    with pytest.raises(KeyError, match=r"sample 'u9#0' \(prompt 'u9'\) has its own context, and it is not held"):
+    with pytest.raises(KeyError, match=r"sample 'u9#0' \(prompt 'u9'\) has its own context, and it is neither held"):
         cache.attach(stranger)
     cache.clear()
     assert len(cache) == 0
+
+
+def test_a_context_sent_with_its_key_is_held_for_the_step_s_later_calls_and_sent_once():
+    """Another group's rank (a critic's, the async trainer's) gets each context once: the dispatcher leaves out the
+    contexts whose keys the rank holds, and the rank holds what it got."""
+    contexts = [context("u0"), context("u0"), context("u1"), context("u1")]
+    batch = Batch(tensors={"responses": torch.zeros(4, 3, dtype=torch.long), "response_mask": torch.ones(4, 3)},
+                  objects={"uid": ["u0", "u0", "u1", "u1"], "context_key": ["u0#a", "u0#b", "u1#a", "u1#b"],
+                           "context": contexts, "answer": ["x"] * 4})
+    spec = DispatchSpec(Dispatch.DP_COMPUTE, fields=("responses", "response_mask"), prompts=True)
+    held: list[set[str]] = [set(), set()]
+    per_rank, plan = split_args(spec, 2, (batch,), {}, placement={}, held=held)
+    caches = [PromptCache(processor=None), PromptCache(processor=None)]
+    for rank, ((part, *_), _kw) in enumerate(per_rank):
+        assert all(c is not None for c in part["context"]) and "answer" not in part.objects
+        attached = caches[rank].attach(part)
+        assert [p.name for p in attached["prompt"]] == list(part["uid"])
+        held[rank].update(held_keys(part))
+    again, _ = split_args(spec, 2, (batch,), {}, placement=plan.ranks, held=held)
+    for rank, ((part, *_), _kw) in enumerate(again):
+        assert part["context"] == [None] * len(part)  # held now: not sent again
+        by_key = dict(zip(batch["context_key"], contexts))
+        assert [id(p) for p in caches[rank].attach(part)["prompt"]] == [id(by_key[k]) for k in part["context_key"]]
 
 
 def test_episode_records_name_malformed_calls_by_their_error_kind():
@@ -140,27 +165,21 @@ def test_episode_records_name_malformed_calls_by_their_error_kind():
     assert "arguments" not in record["calls"][1]
 
 
-@pytest.mark.parametrize("change,named", [
-    ({"algorithm.name": "ppo"}, r"a critic \(algorithm.name=ppo\)"),
-    ({"reward.model.path": "/nowhere"}, r"a reward model \(reward.model.path\)"),
-])
-def test_agent_rollouts_refuse_what_they_do_not_support_yet(tiny_config, change, named):
+def test_agent_rollouts_refuse_a_reward_model_but_take_a_critic(tiny_config):
     tiny_config.rollout.agent.enabled = True
-    for key, value in change.items():
-        section, name = key.rsplit(".", 1)
-        obj = tiny_config
-        for part in section.split("."):
-            obj = getattr(obj, part)
-        setattr(obj, name, value)
-    with pytest.raises(NotImplementedError, match=rf"rollout.agent.enabled with {named} is not supported yet"):
+    tiny_config.algorithm.name = "ppo"
+    check_agent_run(tiny_config)  # the critic's ranks get the episodes' scoring contexts with the samples
+    tiny_config.reward.model.path = "/nowhere"
+    with pytest.raises(NotImplementedError, match=r"rollout.agent.enabled with a reward model \(reward.model.path\) "
+                                                  "is not supported yet"):
         check_agent_run(tiny_config)
     tiny_config.rollout.agent.enabled = False
     check_agent_run(tiny_config)  # without the agent: nothing to refuse
 
 
-def test_an_agent_run_with_a_critic_stops_before_any_worker_starts(tiny_config):
+def test_an_agent_run_with_a_reward_model_stops_before_any_worker_starts(tiny_config):
     tiny_config.rollout.agent.enabled = True
-    tiny_config.algorithm.name = "ppo"
+    tiny_config.reward.model.path = "/nowhere"
     with pytest.raises(NotImplementedError, match="not supported yet"):
         RLTrainer(tiny_config)
 
