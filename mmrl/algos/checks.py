@@ -42,8 +42,7 @@ def check_algorithm_config(cfg: Config, given: frozenset[str]) -> None:
                           f"policy-gradient term through its advantage, which the {loss} loss does not scale with; "
                           f"use it with {', '.join(sorted(LINEAR_LOSSES))}, or actor.rollout_correction=none")
     if cfg.trainer.guide_unsolved:
-        raise NotImplementedError("trainer.guide_unsolved: guiding an always-wrong group with a known-good response "
-                                  "(LUFFY-style off-policy guidance) is not built yet; set it to false")
+        check_guidance(cfg)
     if cfg.trainer.mode == "async":
         check_async(cfg, algorithm)
     try:
@@ -51,6 +50,16 @@ def check_algorithm_config(cfg: Config, given: frozenset[str]) -> None:
         policy_loss(cfg)  # every loss term's batch fields are ones the algorithm computes
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def check_guidance(cfg: Config) -> None:
+    """What ``trainer.guide_unsolved`` needs: single-turn samples and the trainer's own old log-probs."""
+    if cfg.rollout.agent.enabled:
+        raise ConfigError("trainer.guide_unsolved with rollout.agent: a guide would have to be a whole episode (tool "
+                          "calls and their results), which is not built; set trainer.guide_unsolved=false")
+    if cfg.actor.old_log_probs == "rollout":
+        raise ConfigError("trainer.guide_unsolved with actor.old_log_probs=rollout: a guide has no engine log-probs, "
+                          "so its old log-probs must be the trainer's; set actor.old_log_probs=auto or recompute")
 
 
 def check_async(cfg: Config, algorithm: type[Algorithm]) -> None:

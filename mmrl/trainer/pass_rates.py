@@ -10,7 +10,7 @@ it. :class:`SamplingRules` decides, when the loader reaches a prompt, whether to
   wrong) is drawn with probability p, so the always-wrong prompts come back at a bounded rate.
 
 Both are off by default until measured. Guiding an always-wrong group with a known-good response (LUFFY's
-off-policy guidance) is not built: ``trainer.guide_unsolved=true`` raises NotImplementedError.
+off-policy guidance, ``trainer.guide_unsolved``) is :mod:`mmrl.trainer.guidance`'s.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from a dead or hung worker (rebuild the groups, load the newest checkpoint, carr
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from contextlib import contextmanager
@@ -39,10 +40,12 @@ from mmrl.tracking import Tracker, console_line
 from mmrl.trainer.checkpoint import CheckpointManager, DriverState, check_resumable, load_driver_state, resume_point
 from mmrl.trainer.dataset import PromptLoader, load_rows
 from mmrl.trainer.evaluation import EvalResult, evaluate, samples_html, samples_table
+from mmrl.trainer.guidance import Guidance, fill_behaviour
 from mmrl.trainer.metrics import non_finite, step_metrics, timing_metrics, value_metrics
 from mmrl.trainer.pass_rates import PassRates, SamplingRules
 from mmrl.trainer.plots import plot_curves
 from mmrl.trainer.reward_stage import RewardStage
+from mmrl.trainer.sft import response_ids
 from mmrl.trajectory import place_on_last_token, policy_mask
 from mmrl.workers.actor import on_policy
 from mmrl.workers.critic import CriticWorker
@@ -86,7 +89,8 @@ class RLTrainer:
         for path, key in ((reward.model.path, "reward.model.path"), (reward.judge.path, "reward.judge.path")):
             if path:
                 check_checkpoint(path, key)
-        patch_size = grid_pixels(load_processor(self.checkpoint))
+        processor = load_processor(self.checkpoint)
+        patch_size = grid_pixels(processor)
         if reward.model.path:
             check_same_tokenizer(self.checkpoint, reward.model.path)
         # One per run: its reward worker processes outlive a recovery's new worker groups.
@@ -96,6 +100,8 @@ class RLTrainer:
         self.train_rows = load_rows(cfg.data.dir, "train")
         self.val_rows = load_rows(cfg.data.dir, "val", limit=cfg.trainer.val_size)
         self.checkpoints = CheckpointManager(cfg.trainer.out_dir, cfg.trainer.keep_last)
+        self.guidance = (Guidance(functools.partial(response_ids, processor.tokenizer))
+                         if cfg.trainer.guide_unsolved else None)
         self.timing: dict[str, float] = {}
         self.restarts = 0
         self.reset_progress()
@@ -217,6 +223,7 @@ class RLTrainer:
                     batch = batch.union(self.workers.compute_log_probs(batch))
             elif self.old_log_probs == "rollout":
                 batch.tensors["old_log_probs"] = batch["rollout_log_probs"]
+            fill_behaviour(batch)  # the guides' (trainer.guide_unsolved), which no engine drew
             if self.cfg.actor.rollout_correction != "none":
                 metrics |= self.correct_rollouts(batch)
             if self.with_reference:
@@ -292,10 +299,19 @@ class RLTrainer:
         """The reward stage's scores as ``token_level_rewards`` (on each response's last policy token), the
         verifier's ``correct``, and the reward metrics (``train/acc`` among them)."""
         out = self.reward.score(batch)
-        batch.tensors["token_level_rewards"] = place_on_last_token(out.scores, policy_mask(batch))
-        batch.tensors["correct"] = out.correct
-        self.pass_rates.record(batch["uid"], out.correct)
-        return batch, out.metrics
+        self.pass_rates.record(batch["uid"], out.correct)  # the policy's own samples
+        scores, correct, metrics = out.scores, out.correct, out.metrics
+        if self.guidance is not None:
+            batch, scores, correct, guided = self.guidance.apply(batch, scores, correct, self.score_rows)
+            metrics = metrics | guided
+        batch.tensors["token_level_rewards"] = place_on_last_token(scores, policy_mask(batch))
+        batch.tensors["correct"] = correct
+        return batch, metrics
+
+    def score_rows(self, rows: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The reward stage's (scores, correct), each (K,), of K samples (the guides of ``trainer.guide_unsolved``)."""
+        out = self.reward.score(rows)
+        return out.scores, out.correct
 
     def update(self, batch: Batch) -> dict[str, float]:
         """The critic's update and, when the algorithm trains the actor this step, the actor's, unless a reward

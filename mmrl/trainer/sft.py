@@ -35,7 +35,12 @@ from mmrl.workers.model_builder import build_model
 
 def target_ids(tokenizer: Any, answer: str) -> torch.Tensor:
     """The answer in the trained format, followed by the end-of-turn token; (T,) int64."""
-    ids = tokenizer(format_answer(answer), add_special_tokens=False)["input_ids"]
+    return response_ids(tokenizer, format_answer(answer))
+
+
+def response_ids(tokenizer: Any, text: str) -> torch.Tensor:
+    """A response's text as the policy would end it: its tokens, then the end-of-turn token; (T,) int64."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return torch.tensor([*ids, tokenizer.eos_token_id], dtype=torch.long)
 
 

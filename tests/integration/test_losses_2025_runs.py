@@ -1,6 +1,6 @@
 """Each 2025-26 loss runs two GRPO steps end to end (real Ray workers, MLflow), with its own metric logged, finite,
-and a gradient that moved the policy. (The estimators, grpo_pass_k and opo, run end to end from their configs in
-tests/integration/test_algorithm_family.py.)"""
+and a gradient that moved the policy; off-policy guidance and the pass-rate rules run two steps. (The estimators,
+grpo_pass_k and opo, run end to end from their configs in tests/integration/test_algorithm_family.py.)"""
 
 import copy
 import dataclasses
@@ -9,7 +9,10 @@ import math
 import pytest
 from mlflow.tracking import MlflowClient
 
-from mmrl.trainer.rl import run_rl
+from mmrl.models.loading import load_processor
+from mmrl.tracking import Tracker
+from mmrl.trainer.checkpoint import load_driver_state
+from mmrl.trainer.rl import RLTrainer, run_rl
 
 RUNS = [  # (overrides, the metric the loss logs)
     ({"actor.policy_loss": "cispo"}, "actor/pg_clipfrac"),
@@ -21,6 +24,14 @@ RUNS = [  # (overrides, the metric the loss logs)
     ({"actor.policy_loss": "dppo_tv"}, "actor/pg_clipfrac"),
     ({"actor.policy_loss": "dppo_kl"}, "actor/pg_clipfrac"),
 ]
+
+
+class Recording(RLTrainer):
+    """Keeps each step's trained batch (its advantages included)."""
+
+    def update(self, batch):
+        self.batches = [*getattr(self, "batches", []), batch]
+        return super().update(batch)
 
 
 @pytest.mark.extra  # the losses' code is the unit-tested functions, through the updater every run takes: make test-extra
@@ -45,3 +56,42 @@ def test_each_new_loss_runs_two_rl_steps(tiny_config, tmp_path):
         assert math.isfinite(run.data.metrics["actor/pg_loss"]) and metric in run.data.metrics, label
         norms = [p.value for p in client.get_metric_history(run.info.run_id, "actor/grad_norm")]
         assert max(norms) > 0, label  # some step had a gradient: the loss reached the weights
+
+
+def test_guidance_gives_each_all_wrong_group_one_right_sample_and_the_pass_rates_only_the_policy_s(tiny_config,
+                                                                                                    tmp_path):
+    """GRPO with trainer.guide_unsolved and the revisit rule, two steps: the random policy is always wrong, so
+    every group trains on its own samples plus one guide (its answer in the trained format), the guide's
+    advantage positive and the others' negative; train/acc and the checkpoint's pass rates count only the
+    policy's samples."""
+    cfg = tiny_config
+    cfg.trainer.steps, cfg.trainer.eval_every, cfg.trainer.val_size = 2, 0, 4
+    cfg.trainer.guide_unsolved, cfg.trainer.unsolved_revisit_rate = True, 0.5
+    cfg.rollout.n = 3
+    cfg.rollout.max_new_tokens = 16  # room for "<answer>colour</answer>" and the end-of-turn token
+    trainer = Recording(cfg)
+    tracker = Tracker(cfg, cfg.trainer.experiment, "guidance", stage="rl")
+    try:
+        trainer.fit(tracker)
+        tracker.finish()
+    finally:
+        trainer.close()
+    tokenizer = load_processor(cfg.model.path).tokenizer
+    for batch in trainer.batches:
+        groups = {}
+        for row, uid in enumerate(batch["uid"]):
+            groups.setdefault(uid, []).append(row)
+        for uid, rows in groups.items():
+            *own, guide = rows
+            assert batch["guided"][rows].tolist() == [0.0] * len(own) + [1.0], uid
+            ids = batch["responses"][guide][batch["response_mask"][guide].bool()]
+            assert tokenizer.decode(ids, skip_special_tokens=True) == f"<answer>{batch['answer'][guide]}</answer>"
+            assert batch["correct"][guide] == 1 and not batch["correct"][own].any()
+            mask = batch["policy_mask"][rows].bool()
+            adv = batch["advantages"][rows]
+            assert (adv[-1][mask[-1]] > 0).all() and (adv[:-1][mask[:-1]] < 0).all(), uid
+    metrics = MlflowClient(cfg.tracking.uri).get_run(tracker.run_id).data.metrics
+    assert metrics["guide/groups"] == 1.0 and metrics["train/acc"] == 0.0 and metrics["actor/pg_loss"] != 0
+    assert "sampler/prompts_never_solved" in metrics
+    state = load_driver_state(trainer.last_checkpoint)
+    assert state.pass_rates and all(r["correct"] == 0 for r in state.pass_rates.values())

@@ -57,8 +57,3 @@ def test_a_loader_whose_rules_skip_everything_still_fills_its_batch():
     rates.record([f"p{i}" for i in range(6)], torch.ones(6))
     loader = PromptLoader(rows(6), 4, seed=0, rules=SamplingRules(rates, skip_solved_after=1))
     assert len(loader.next_batch()) == 4
-
-
-def test_guidance_is_refused_until_built():
-    with pytest.raises(NotImplementedError, match="guide_unsolved"):
-        prepare_run_config(load_config(None, ["trainer.guide_unsolved=true"]))
