@@ -35,7 +35,7 @@ INSTALL := $(PY) -m mmrl.installer
 STAMP := $(VENV)/.mmrl-installed
 STAGE := $(PY) -m pipelines
 
-.PHONY: install model data sft rm rl eval demo bench bench-peer bench-scale bench-learning test-extra gpu-check test test-unit test-integration ui clean help
+.PHONY: install model data sft rm rl eval demo sweep bench bench-peer bench-scale bench-learning test-extra gpu-check test test-unit test-integration ui clean help
 
 help:
 	@sed -n '1,8p' Makefile
@@ -96,6 +96,10 @@ bench-scale: $(STAMP)
 # and LoRA on tiny models, printing step times (needs `make install GPU=1`).
 gpu-check: $(STAMP)
 	$(STAGE).gpu_check --config $(CONFIG) $(ARGS)
+
+# RL variants from one SFT start per seed, evaluated on the test split, as one table (configs/sweeps/*.yaml).
+sweep: $(STAMP)
+	$(STAGE).sweep --sweep $(SWEEP) --config $(CONFIG) $(ARGS)
 
 # Learning runs (minutes each) are benchmarks: `make bench-learning`; `make test-extra` the extra checks.
 # The unit tests (on one thread: faster for their small models), then the Ray tests in one Ray session. Run side by

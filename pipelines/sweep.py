@@ -1,0 +1,121 @@
+"""Stage ``make sweep``: RL variants from one SFT start per seed, each evaluated on the test split, in one table.
+
+The sweep file (``SWEEP=configs/sweeps/<name>.yaml``) gives ``seeds``, ``steps`` (RL steps per run) and
+``variants`` (name -> overrides on top of ``--config`` and the command line's). Per seed the tiny model, the
+data and the SFT policy are built once, as the demo builds them; every variant's RL run starts from that SFT
+checkpoint. A run's row: test accuracy, its gain over the SFT start, the median seconds per step, and over
+its last tenth of steps the share of flat groups (every reward of the group equal), of all-wrong groups and the
+entropy. Every run is kept, failed ones too (with their error): ``<out>/sweep.json`` and the markdown table
+``<out>/sweep.md`` are rewritten as each run finishes, so a stopped sweep keeps its rows.
+
+    python -m pipelines.sweep --sweep configs/sweeps/counting.yaml --config configs/demo.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import yaml
+from mlflow.tracking import MlflowClient
+
+from mmrl.models.tiny import build_tiny_vlm
+from mmrl.tracking import tracking_uri
+from mmrl.trainer.eval_checkpoint import run_eval
+from mmrl.trainer.rl import run_rl
+from mmrl.trainer.sft import run_sft
+from pipelines import data, model
+from pipelines.cli import Command, quiet_third_party
+
+# Averaged over the last tenth of a run's steps: (column, metric).
+LATE = (("flat", "critic/flat_groups"), ("all_wrong", "critic/flat_groups_all_wrong"), ("entropy", "actor/entropy"))
+
+
+def late_mean(client: MlflowClient, run_id: str, metric: str) -> float | None:
+    """The mean of ``metric`` over the last tenth (at least one) of its logged steps; None when never logged."""
+    history = sorted(client.get_metric_history(run_id, metric), key=lambda p: p.step)
+    if not history:
+        return None
+    tail = history[-max(1, len(history) // 10):]
+    return statistics.fmean(p.value for p in tail)
+
+
+def run_row(client: MlflowClient, run_id: str) -> dict[str, float | None]:
+    steps = [p.value for p in client.get_metric_history(run_id, "timing_s/step")]
+    return {"s_per_step": statistics.median(steps) if steps else None,
+            **{column: late_mean(client, run_id, metric) for column, metric in LATE}}
+
+
+def prepare_seed(command: Command, out: Path, seed: int) -> tuple[list[str], float]:
+    """The seed's model, data and SFT checkpoint under ``out``; (its overrides for the RL runs, SFT test acc)."""
+    where = [f"seed={seed}", f"model.path={out}/model", f"data.dir={out}/data", f"sft.out_dir={out}/sft"]
+    cfg = command.load(*where)
+    build_tiny_vlm(model.task_corpus(cfg), cfg.tiny_model, cfg.model.path, cfg.seed, cfg.model.family)
+    data.synthetic(cfg)
+    checkpoint = run_sft(cfg)["checkpoint"]
+    sft_acc = run_eval(cfg, checkpoint, f"sweep-sft-seed{seed}")["accuracy"]["all"]
+    return [*where, f"trainer.init={checkpoint}", "trainer.resume=never"], sft_acc
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    def cell(value: Any) -> str:
+        return f"{value:.3f}" if isinstance(value, float) else ("" if value is None else str(value))
+
+    columns = ["variant", "seed", "sft_acc", "test_acc", "gain", "s_per_step", "flat", "all_wrong", "entropy",
+               "minutes", "error"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", default="configs/demo.yaml")
+    parser.add_argument("--sweep", required=True, help="the sweep file: seeds, steps, variants")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    quiet_third_party()
+    spec = yaml.safe_load(Path(args.sweep).read_text())
+    out = Path(spec.get("out", f"outputs/sweeps/{Path(args.sweep).stem}"))
+    command = Command(args.config, (*spec.get("overrides", []), *args.overrides))
+    rows: list[dict[str, Any]] = []
+    for seed in spec.get("seeds", [0]):
+        where, sft_acc = prepare_seed(command, out / f"seed{seed}", seed)
+        for name, overrides in spec["variants"].items():
+            rows.append(run_variant(command, out, seed, name, [*where, *overrides], spec.get("steps"), sft_acc))
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "sweep.json").write_text(json.dumps(rows, indent=2))
+            (out / "sweep.md").write_text(markdown(rows))
+            print(markdown(rows), flush=True)
+    return rows
+
+
+def run_variant(command: Command, out: Path, seed: int, name: str, overrides: list[str], steps: int | None,
+                sft_acc: float) -> dict[str, Any]:
+    """One RL run of a variant and its test evaluation: its row of the table (an ``error`` when it failed)."""
+    start = time.time()
+    row: dict[str, Any] = {"variant": name, "seed": seed, "sft_acc": sft_acc, "overrides": overrides}
+    run_dir = out / f"seed{seed}" / name
+    extra = [f"trainer.out_dir={run_dir}", f"trainer.run_name=sweep-{name}-seed{seed}"]
+    extra += [f"trainer.steps={steps}"] if steps else []
+    try:
+        cfg = command.load(*overrides, *extra)
+        result = run_rl(cfg)
+        acc = run_eval(cfg, str(run_dir / "checkpoint"), f"sweep-{name}-seed{seed}")["accuracy"]["all"]
+        client = MlflowClient(tracking_uri(cfg.tracking))
+        row |= {"test_acc": acc, "gain": acc - sft_acc, "mlflow_run_id": result["mlflow_run_id"],
+                **run_row(client, result["mlflow_run_id"])}
+    except (Exception, SystemExit) as err:  # a failed run is a row of the table too
+        row["error"] = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+        traceback.print_exc()
+    row["minutes"] = round((time.time() - start) / 60, 2)
+    return row
+
+
+if __name__ == "__main__":
+    main()
