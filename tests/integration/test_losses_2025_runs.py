@@ -6,7 +6,6 @@ import copy
 import dataclasses
 import math
 
-import pytest
 from mlflow.tracking import MlflowClient
 
 from mmrl.models.loading import load_processor
@@ -34,7 +33,6 @@ class Recording(RLTrainer):
         return super().update(batch)
 
 
-@pytest.mark.extra  # the losses' code is the unit-tested functions, through the updater every run takes: make test-extra
 def test_each_new_loss_runs_two_rl_steps(tiny_config, tmp_path):
     cfg = tiny_config
     varied = tmp_path / "varied.py"  # a reward that tells a random model's samples apart, so no group is flat
@@ -67,8 +65,8 @@ def test_guidance_gives_each_all_wrong_group_one_right_sample_and_the_pass_rates
     cfg = tiny_config
     cfg.trainer.steps, cfg.trainer.eval_every, cfg.trainer.val_size = 2, 0, 4
     cfg.trainer.guide_unsolved, cfg.trainer.unsolved_revisit_rate = True, 0.5
-    cfg.rollout.n = 3
-    cfg.rollout.max_new_tokens = 16  # room for "<answer>colour</answer>" and the end-of-turn token
+    cfg.trainer.prompts_per_step, cfg.rollout.n = 2, 3
+    cfg.rollout.max_new_tokens = 8  # room for "<answer>colour</answer>" (7 tiny-tokenizer tokens) and the end token
     trainer = Recording(cfg)
     tracker = Tracker(cfg, cfg.trainer.experiment, "guidance", stage="rl")
     try:
