@@ -291,6 +291,9 @@ class RolloutConfig:
     num_workers: int = num(1, ge=1)
     """``trainer.mode=async``: the rollout pool's workers (each holds a whole copy of the policy in its engine and
     generates for its share of a batch's prompts); the sync mode generates on the trainer's own workers."""
+    weight_transport: Literal["object_store", "nccl"] = "object_store"
+    """``trainer.mode=async``: how the trainer's weights reach the rollout pool (:mod:`mmrl.trainer.weight_transport`):
+    through Ray's object store; ``nccl`` (a broadcast on GPUs) is the seam, not built."""
 
 
 @dataclass(kw_only=True)

@@ -173,10 +173,10 @@ class UnreliableRollout(RolloutWorker):
     die_on = 2
 
     @register(Dispatch.ONE_TO_ALL)
-    def init_model(self, cfg: Any, checkpoint: str, store: Any = None) -> int:
+    def init_model(self, cfg: Any, checkpoint: str, transport: Any = None) -> int:
         self.batches = 0
         self.marker = os.path.join(cfg.trainer.out_dir, "rollout_died")
-        return super().init_model(cfg, checkpoint, store)
+        return super().init_model(cfg, checkpoint, transport)
 
     @register(Dispatch.DP_COMPUTE, fields=("messages", "images"), prompts=True, keep_prompts=False)
     def generate(self, prompts: Any, params: Any) -> Any:

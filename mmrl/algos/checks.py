@@ -45,6 +45,9 @@ def check_algorithm_config(cfg: Config, given: frozenset[str]) -> None:
         check_guidance(cfg)
     if cfg.trainer.mode == "async":
         check_async(cfg, algorithm)
+    if cfg.rollout.weight_transport == "nccl":
+        raise NotImplementedError("rollout.weight_transport=nccl: the NCCL/CUDA-IPC broadcast to the rollout pool is a "
+                                  "seam, not built (mmrl/trainer/weight_transport.py); use object_store")
     try:
         check_key_ownership(cfg.algorithm.name, given)
         policy_loss(cfg)  # every loss term's batch fields are ones the algorithm computes

@@ -4,10 +4,10 @@ The driver keeps a queue of batches in flight on the rollout pool (:class:`Rollo
 placement: ``rollout.num_workers``). A step takes the oldest, waits for it if it is not done
 (``timing_s/wait_rollout``), scores it and trains on it exactly as the sync step does: the old log-probs are
 recomputed by the trainer (the proximal policy), the engine's own are the behaviour policy's
-(``actor.rollout_correction``). After the update the trainer publishes its weights (:class:`WeightStore`) and
+(``actor.rollout_correction``). After the update the trainer publishes its weights (:mod:`mmrl.trainer.weight_transport`) and
 the driver tops the queue up with the next prompts.
 
-**Staleness.** A batch's samples are drawn with the newest weights the store holds when the batch *starts*
+**Staleness.** A batch's samples are drawn with the newest weights published when the batch *starts*
 (:class:`~mmrl.workers.rollout_worker.RolloutWorker` loads them between batches, never inside one: in-flight
 samples finish on the weights they started with). Its staleness is the trainer's version when it is trained on
 minus the version that drew it. With ``trainer.stale_policy=wait`` at most ``max_staleness + 1`` batches are in
@@ -20,7 +20,7 @@ dropped (``async/dropped_groups`` counts its groups; its prompts are skipped, as
 **Resume.** A checkpoint records the loader as it was before the oldest untrained batch was drawn: a resumed
 run draws the in-flight prompts again and generates them with its current weights (the buffer is regenerated,
 not saved). A rollout rank that dies or hangs costs its batches: the pool is rebuilt, it loads the newest
-weights from the store, and the batches in flight are submitted again; the trainer's failures take the sync
+weights from the transport, and the batches in flight are submitted again; the trainer's failures take the sync
 mode's recovery.
 """
 
@@ -33,8 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ray
-
 from mmrl.controller import ResourcePool, WorkerFailure, WorkerGroup
 from mmrl.controller.session import worker_shape
 from mmrl.controller.worker import resolve_device
@@ -43,23 +41,9 @@ from mmrl.protocol import Batch
 from mmrl.trainer.checkpoint import DriverState
 from mmrl.trainer.evaluation import EvalResult, evaluate, samples_html, samples_table
 from mmrl.trainer.rl import RLTrainer
+from mmrl.trainer.weight_transport import build_transport
 from mmrl.tracking import Tracker
 from mmrl.workers.rollout_worker import RolloutWorker
-
-
-class WeightStore:
-    """The newest published weights: (version, [object ref]), as a Ray actor (``ray.remote(WeightStore)``).
-    The reference is wrapped in a list so that Ray hands it on instead of resolving it."""
-
-    def __init__(self) -> None:
-        self.version, self.ref = -1, None
-
-    def publish(self, version: int, ref: list) -> None:
-        if version > self.version:
-            self.version, self.ref = version, ref
-
-    def latest(self) -> tuple[int, list | None]:
-        return self.version, self.ref
 
 
 @dataclass
@@ -81,7 +65,7 @@ class AsyncRLTrainer(RLTrainer):
         super().reset_progress()
         self.inflight: deque[InFlight] = deque()
         self.trainer_version = 0
-        self.to_publish = True  # the trainer's weights are not in the store yet
+        self.to_publish = True  # the trainer's weights are not published yet
         self.rollout_restarts = 0
 
     @property
@@ -98,9 +82,9 @@ class AsyncRLTrainer(RLTrainer):
         return self.rollout_shape
 
     def build_workers(self) -> None:
-        """The sync mode's groups (the actor without a rollout engine), the weight store and the rollout pool."""
+        """The sync mode's groups (the actor without a rollout engine), the weight transport and the rollout pool."""
         super().build_workers()
-        self.store = ray.remote(WeightStore).options(num_cpus=0).remote()
+        self.transport = build_transport(self.cfg.rollout.weight_transport)
         self.build_rollout_pool()
 
     def build_rollout_pool(self) -> None:
@@ -110,7 +94,7 @@ class AsyncRLTrainer(RLTrainer):
         pool = ResourcePool(cfg.rollout.num_workers, cpus, use_gpu, name="rollout", reuse=res.reuse_workers)
         self.rollout_pool = WorkerGroup(self.rollout_worker, pool, threads=threads, device=res.device,
                                         timeout_s=cfg.trainer.step_timeout_s)
-        self.rollout_pool.init_model(cfg, self.checkpoint, self.store)
+        self.rollout_pool.init_model(cfg, self.checkpoint, self.transport)
         if cfg.rollout.agent.enabled:
             self.tool_names = self.rollout_pool.tool_names()  # the pool's ranks run the tools
 
@@ -190,14 +174,14 @@ class AsyncRLTrainer(RLTrainer):
         return 0
 
     def sync_weights(self, wake: bool) -> int:
-        """After an update: publish the trainer's weights to the store, for the pool's next batches."""
+        """After an update: publish the trainer's weights, for the pool's next batches."""
         with self.timer("update_weights"):
             return self.publish()
 
     def publish(self) -> int:
-        """Gather the trainer's weights into the store (a collective on its ranks); 1 when the version there
-        changed (or the store had none from this trainer yet), else 0."""
-        version = self.workers.publish_weights(self.store)
+        """Gather the trainer's weights and send them through the transport (a collective on its ranks); 1 when the
+        published version changed (or none from this trainer was published yet), else 0."""
+        version = self.workers.publish_weights(self.transport)
         moved = int(version != self.trainer_version or self.to_publish)
         self.trainer_version, self.to_publish = version, False
         return moved

@@ -170,15 +170,10 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         return 1
 
     @register(Dispatch.RANK_ZERO)
-    def publish_weights(self, store: Any) -> int:
-        """The async mode's weight hand-off: every rank gathers the actor's full tensors (a collective), rank 0
-        puts them in Ray's object store once and hands the reference to ``store`` (the run's WeightStore) under
-        the actor's version, which it returns. The rollout pool's ranks read them from there."""
-        import ray
-
-        state = {name: tensor.detach().cpu() for name, tensor in self.hf_weights()}
-        if self.rank == 0:
-            ray.get(store.publish.remote(self.version, [ray.put(state)]))
+    def publish_weights(self, transport: Any) -> int:
+        """The async mode's weight hand-off: every rank gathers the actor's full tensors (a collective) and gives
+        them to ``transport`` (:mod:`mmrl.trainer.weight_transport`) under the actor's version, which it returns."""
+        transport.send(self.version, self.hf_weights(), self.rank)
         return self.version
 
     @register(Dispatch.ONE_TO_ALL)

@@ -2,10 +2,9 @@
 
 It generates for its share of a batch's prompts, as the hybrid worker does, and loads newer weights between
 generation batches, never inside one: the samples of a batch are all drawn with one weight version, which each
-records (``weight_version``). The weights come from the trainer through Ray's object store
-(:class:`mmrl.trainer.async_rl.WeightStore`): before each batch the rank asks the store for the newest version
-and, when it is newer than its own, loads it. On GPUs this is the seam for a NCCL or CUDA-IPC broadcast from the
-trainer's ranks (the store would then hand out a handle instead of the tensors).
+records (``weight_version``). The weights come from the trainer through the run's transport
+(:mod:`mmrl.trainer.weight_transport`: Ray's object store; on GPUs the seam for a NCCL or CUDA-IPC broadcast):
+before each batch the rank asks it for the newest version and, when it is newer than its own, loads it.
 
 With ``rollout.agent`` its samples are episodes (:class:`~mmrl.agent.rollout.AgentRollout`, its tools' worker
 processes on this rank). The rank keeps nothing of them: each sample's scoring context (the prompt with the
@@ -37,12 +36,12 @@ class RolloutWorker(Worker):
     """One rank of the rollout pool. ``generate`` takes prompt rows and returns their samples."""
 
     @register(Dispatch.ONE_TO_ALL)
-    def init_model(self, cfg: Config, checkpoint: str, store: Any = None) -> int:
-        """The engine with ``checkpoint``'s weights (version 0); ``store``: the run's WeightStore actor (None: the
-        rank keeps its weights until :meth:`load_weights`). Seeded as the hybrid worker of the same rank is, so
+    def init_model(self, cfg: Config, checkpoint: str, transport: Any = None) -> int:
+        """The engine with ``checkpoint``'s weights (version 0); ``transport``: the run's weight transport (None:
+        the rank keeps its weights until :meth:`load_weights`). Seeded as the hybrid worker of the same rank is, so
         that a run whose pool generates what the sync run's trainer would draws the same tokens. Returns the weights'
         version (0)."""
-        self.cfg, self.store = cfg, store
+        self.cfg, self.transport = cfg, transport
         torch.manual_seed(cfg.seed + self.rank)
         self.processor = load_processor(checkpoint)
         self.engine: RolloutEngine = build_rollout_engine(cfg, checkpoint=checkpoint, processor=self.processor,
@@ -65,19 +64,15 @@ class RolloutWorker(Worker):
         return self.version
 
     def pull_weights(self) -> None:
-        """The store's newest weights, when they are newer than this rank's."""
-        if self.store is None:
-            return
-        import ray
-
-        version, ref = ray.get(self.store.latest.remote())
-        if ref is not None and version > self.version:
-            self.load_weights(version, ray.get(ref[0]))
+        """The transport's newest weights, when they are newer than this rank's."""
+        newer = self.transport.receive(self.version) if self.transport is not None else None
+        if newer is not None:
+            self.load_weights(*newer)
 
     @register(Dispatch.DP_COMPUTE, fields=("messages", "images"), prompts=True, keep_prompts=False)
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:
-        """prompts (one row per prompt) -> ``params.n`` samples per prompt, drawn with the newest weights the store
-        holds (see :func:`mmrl.rollout.samples.sample_encoded`), and ``rollout_wait_s`` (B,): on every row, how long
+        """prompts (one row per prompt) -> ``params.n`` samples per prompt, drawn with the newest weights the
+        transport holds (see :func:`mmrl.rollout.samples.sample_encoded`), and ``rollout_wait_s`` (B,): on every row, how long
         this rank had nothing to generate before this call (waiting for the trainer)."""
         start = time.perf_counter()
         waited = start - self.idle_since if self.idle_since is not None else 0.0

@@ -1,11 +1,8 @@
 """The per-prompt pass-rate record and the sampling rules that read it: solved prompts skipped, never-solved ones
 drawn at a bounded rate, the record through a checkpoint's state, and the loader unchanged with the rules off."""
 
-import pytest
 import torch
 
-from mmrl.config import load_config
-from mmrl.run_config import prepare_run_config
 from mmrl.trainer.dataset import PromptLoader
 from mmrl.trainer.pass_rates import PassRates, SamplingRules
 
