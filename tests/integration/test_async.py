@@ -110,13 +110,14 @@ def test_async_with_no_staleness_trains_on_what_sync_does(tiny_config, tiny_data
 
 def test_a_ppo_run_with_a_slow_dying_rollout_rank_stays_fresh_and_resumes_with_its_batches_in_flight(
         tiny_config, tmp_path):
-    """PPO (a critic) in async mode, max_staleness=1, the rollout correction on, a rollout rank 0.3 s slower
-    per batch that kills its own process at its second batch. Run 2 steps (saved with a batch in flight), then resume
+    """PF-PPO (a critic and a filter) in async mode, max_staleness=1, the rollout correction on, a rollout rank
+    0.3 s slower per batch that kills its own process at its second batch. Run 2 steps (saved with a batch in flight), then resume
     to 4: no trained sample is ever more than one version old and one is exactly one; the pool was replaced once
     and the trainer never restarted; the resumed run trains the batch that was in flight (the loader counts only
     trained prompts), so both runs together train the loader's first four batches in order."""
     cfg = configured(tiny_config, tmp_path / "ppo", mode="async", max_staleness=1, steps=2)
-    cfg.algorithm.name, cfg.actor.rollout_correction = "ppo", "token"
+    # PF-PPO: PPO's critic, and a filter that keeps the best and the worst response of each group.
+    cfg.algorithm.name, cfg.algorithm.filter_mode, cfg.actor.rollout_correction = "pf_ppo", "best_and_worst", "token"
     first = recording(AsyncRLTrainer)(cfg)
     first.rollout_worker = UnreliableRollout  # 0.3 s slower per batch; its process exits at its 2nd batch, once
     fit(first, cfg)
@@ -131,7 +132,8 @@ def test_a_ppo_run_with_a_slow_dying_rollout_rank_stays_fresh_and_resumes_with_i
     stalenesses = [int(r["at"] - r["versions"].min()) for r in trained]
     assert max(stalenesses) == 1  # never older than max_staleness; the trainer did overlap with generation
     loader = PromptLoader(load_rows(cfg.data.dir, "train"), cfg.trainer.prompts_per_step, cfg.seed)
-    assert [r["uid"][::cfg.rollout.n] for r in trained] == [list(loader.next_batch()["uid"]) for _ in range(4)]
+    assert [list(dict.fromkeys(r["uid"])) for r in trained] == [list(loader.next_batch()["uid"]) for _ in range(4)]
+    assert all(len(r["uid"]) == 2 * cfg.trainer.prompts_per_step for r in trained)  # the filter's two per group
     client = MlflowClient(cfg.tracking.uri)
     history = sorted(client.get_metric_history(run_id, "async/staleness_max"), key=lambda p: p.step)
     assert [p.value for p in history] == [float(s) for s in stalenesses]  # one MLflow run across the resume
