@@ -4,15 +4,16 @@ zooming with the ``zoom_in`` tool.
 The image (``image_size`` px, default 448) is a board of ``grid`` x ``grid`` cells (default 4 x 4) separated by
 thin lines, named by row letter and column number (``A1`` top left, ``B3`` second row, third column). Every cell
 holds one circle, one square and one triangle in three different colours, ``shape_sides`` px each (or, with
-``shapes_per_cell`` 1 or 2, that many of them, of kinds and colours drawn per cell). The question names a cell
-and a kind: "What colour is the triangle in cell C2?"
+``shapes_per_cell`` 1 or 2, that many of them, of kinds and colours drawn per cell), anywhere in the cell or, with
+``spot_side``, inside the square of that side at the cell's centre. The question names a cell and a kind: "What
+colour is the triangle in cell C2?"
 
 The model sees the image at ``view_side`` px (its processor's resize: 112 for the tiny model), where a shape is
 about ``side * view_side / image_size`` px (2 to 3 by default): its colour may show, its kind does not, so
 without the tool the model can at best pick among the cell's three colours. Zoomed on its cell (the built-in
 ``zoom_in``: the cell enlarged to the tool's pixel budget, then the processor's resize) a shape is about
-``side * zoom view / cell side`` px (8 to 12), legible. (The tiny model's tower merges 28 x 28 view pixels into
-one token: unzoomed, a whole cell is one token; zoomed, sixteen.)
+``side * zoom view / cell side`` px (8 to 12), legible; zoomed on a 32 px spot (``spot_side=32``), 28 to 42. (The tiny model's tower merges 28 x 28 view
+pixels into one token: unzoomed, a whole cell is one token; zoomed, sixteen.)
 
 Each drawn row is checked: one whose target shape would be legible without zooming (over ``illegible_px`` in
 the full view: ``legible_without_zoom``) or illegible after zooming on its cell (under ``legible_px``:
@@ -71,6 +72,11 @@ class ZoomTaskSpec:
     the cell's colour is to be read."""
     shape_sides: tuple[int, int] = (8, 12)
     """Smallest and largest side of a shape, stored pixels."""
+    spot_side: int = 0
+    """Side, in stored pixels, of the square at each cell's centre that holds the cell's shapes; 0: the whole cell
+    (less a margin). The demonstrated call zooms on it, and a shape's size after zooming is measured on it: a
+    spot smaller than the cell makes the zoomed shape larger (the tool's gain is ``image_size / spot_side``
+    rather than ``grid``)."""
     view_side: int = 112
     """Side of the image as the model sees it: its processor's resize (the tiny model's budget: 112)."""
     zoom_max_pixels: int = 448 * 448
@@ -90,15 +96,24 @@ class ZoomTaskSpec:
             raise ValueError(f"zoom task: shapes_per_cell={self.shapes_per_cell} must be 1 to {len(SHAPES)}")
         if not 6 <= lo <= hi:
             raise ValueError(f"zoom task: shape_sides={self.shape_sides} must be (lo, hi) with 6 <= lo <= hi")
-        if 2 * (hi + _MARGIN) + hi > self.cell_side:
-            raise ValueError(f"zoom task: cells of {self.cell_side} px cannot hold three shapes of {hi} px; raise "
-                             "image_size, or lower grid or shape_sides")
+        if not 0 <= self.spot_side <= self.cell_side - 2 * _MARGIN:
+            raise ValueError(f"zoom task: spot_side={self.spot_side} must be 0 (the whole cell) to "
+                             f"{self.cell_side - 2 * _MARGIN} (the cell of {self.cell_side} px less its margins)")
+        n = self.shapes_per_cell
+        if n * hi + (n - 1) * _MARGIN > self.room:
+            raise ValueError(f"zoom task: a spot of {self.room} px cannot hold {n} shape(s) of {hi} px; raise "
+                             "image_size or spot_side, or lower grid or shape_sides")
         if self.view_side < 1 or self.zoom_max_pixels < 1:
             raise ValueError("zoom task: view_side and zoom_max_pixels must be positive")
 
     @property
     def cell_side(self) -> int:
         return self.image_size // self.grid
+
+    @property
+    def room(self) -> int:
+        """Side of the square, in stored pixels, that holds a cell's shapes (the spot, or the cell less margins)."""
+        return self.spot_side or self.cell_side - 2 * _MARGIN
 
     @property
     def zoom_view_side(self) -> float:
@@ -109,14 +124,18 @@ class ZoomTaskSpec:
         """Why a target shape of ``side`` stored pixels makes a bad row, or None for a good one."""
         if side * self.view_side / self.image_size > self.illegible_px:
             return "legible_without_zoom"
-        if side * self.zoom_view_side / self.cell_side < self.legible_px:
+        if side * self.zoom_view_side / (self.spot_side or self.cell_side) < self.legible_px:
             return "illegible_after_zoom"
         return None
 
     def view_box(self, row: int, col: int) -> list[float]:
-        """Cell (row, col) as [x1, y1, x2, y2] in the coordinates the model sees."""
-        step = self.view_side / self.grid
-        return [_number(v * step) for v in (col, row, col + 1, row + 1)]
+        """Where to zoom for cell (row, col): the cell, or its spot, as [x1, y1, x2, y2] in the coordinates the
+        model sees."""
+        scale = self.view_side / self.image_size
+        side = self.spot_side or self.cell_side
+        inset = (self.cell_side - side) / 2
+        x0, y0 = col * self.cell_side + inset, row * self.cell_side + inset
+        return [_number(v * scale) for v in (x0, y0, x0 + side, y0 + side)]
 
 
 @dataclass
@@ -160,8 +179,9 @@ def draw_board(rng: random.Random, spec: ZoomTaskSpec) -> list[dict[str, Any]]:
 def _place(rng: random.Random, spec: ZoomTaskSpec, row: int, col: int) -> list[tuple[int, int, int]]:
     """``shapes_per_cell`` non-touching boxes inside cell (row, col), by rejection sampling."""
     lo, hi = spec.shape_sides
-    x_start, y_start = col * spec.cell_side + _MARGIN, row * spec.cell_side + _MARGIN
-    room = spec.cell_side - 2 * _MARGIN
+    room = spec.room
+    inset = (spec.cell_side - room) // 2
+    x_start, y_start = col * spec.cell_side + inset, row * spec.cell_side + inset
     for _ in range(1000):
         boxes: list[tuple[int, int, int]] = []
         for _ in range(spec.shapes_per_cell):

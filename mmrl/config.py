@@ -189,6 +189,9 @@ class DataConfig:
     """The zoom task's cells per side (its board is ``image_size`` px)."""
     zoom_shapes: int = num(3, ge=1, le=3)
     """Shapes in each of the zoom task's cells (1 to 3, of different kinds and colours)."""
+    zoom_spot: int = num(0, ge=0)
+    """Side, in the board's pixels, of the square at each cell's centre that holds its shapes (0: the whole cell):
+    the demonstrations zoom on it, and a smaller spot makes a zoomed shape larger."""
 
 
 @dataclass(kw_only=True)

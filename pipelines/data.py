@@ -49,8 +49,8 @@ def zoom_spec(cfg: Config) -> ZoomTaskSpec:
     side = cfg.data.image_size
     encoded = encode_prompt(processor, [{"role": "user", "content": IMAGE_PLACEHOLDER}], [Image.new("RGB", (side, side))])
     view = ChatFormat(processor).model_image_sizes(encoded)[0]
-    return ZoomTaskSpec(image_size=side, grid=cfg.data.zoom_grid, shapes_per_cell=cfg.data.zoom_shapes, view_side=min(view),
-                        zoom_max_pixels=cfg.rollout.agent.max_pixels)
+    return ZoomTaskSpec(image_size=side, grid=cfg.data.zoom_grid, shapes_per_cell=cfg.data.zoom_shapes,
+                        spot_side=cfg.data.zoom_spot, view_side=min(view), zoom_max_pixels=cfg.rollout.agent.max_pixels)
 
 
 def zoom(cfg: Config) -> None:

@@ -58,7 +58,8 @@ def zoom_corpus(cfg: Config, copies: int = 20) -> Iterator[str]:
     """The zoom task's texts: every question, a call on every cell (at the tiny model's view) and the answers."""
     from mmrl.agent.calls import format_call
 
-    spec = ZoomTaskSpec(image_size=cfg.data.image_size, grid=cfg.data.zoom_grid)
+    spec = ZoomTaskSpec(image_size=cfg.data.image_size, grid=cfg.data.zoom_grid, shapes_per_cell=cfg.data.zoom_shapes,
+                        spot_side=cfg.data.zoom_spot)
     for _ in range(copies):
         for row in range(spec.grid):
             for col in range(spec.grid):

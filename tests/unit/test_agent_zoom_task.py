@@ -92,7 +92,7 @@ def test_rows_that_fail_the_legibility_checks_are_quarantined_and_counted() -> N
     assert all(q["extra"]["shape_box"][2] - q["extra"]["shape_box"][0] > 12 for q in quarantine)
     with pytest.raises(ValueError, match="too few rows pass"):
         generate_zoom_rows(2, seed=0, spec=ZoomTaskSpec(image_size=224, grid=2, view_side=112), id_prefix="x")
-    with pytest.raises(ValueError, match="cannot hold three shapes"):
+    with pytest.raises(ValueError, match="cannot hold 3 shape"):
         ZoomTaskSpec(grid=8, shape_sides=(20, 24))
     with pytest.raises(ValueError, match="multiple of grid"):
         ZoomTaskSpec(image_size=450)
@@ -124,6 +124,30 @@ def test_a_demonstration_is_the_episode_the_tool_would_give(tiny_model_dir: Path
     chat = ChatFormat(processor)
     encoded = encode_prompt(processor, chat.in_format(row["messages"]), [board, zoomed])
     assert encoded.image_grid_thw.shape[0] == 2
+
+
+def test_a_spot_holds_the_shapes_at_the_cell_centre_and_the_demonstration_zooms_on_it() -> None:
+    spec = ZoomTaskSpec(shapes_per_cell=1, spot_side=32)
+    rows, _, report = generate_zoom_rows(12, seed=2, spec=spec, id_prefix="s", demonstrations=True)
+    assert report.written == 12
+    scale = spec.view_side / spec.image_size
+    for row in rows:
+        extra = json.loads(row["extra"])
+        col, r = int(extra["cell"][1:]) - 1, "ABCD".index(extra["cell"][0])
+        spot = (col * 112 + 40, r * 112 + 40, col * 112 + 72, r * 112 + 72)  # the central 32 px of a 112 px cell
+        left, top, right, bottom = extra["shape_box"]
+        assert spot[0] <= left and spot[1] <= top and right <= spot[2] and bottom <= spot[3]
+        assert extra["view_box"] == [v * scale for v in spot]
+        assert extra["view_box"] == [col * 28 + 10, r * 28 + 10, col * 28 + 18, r * 28 + 18]
+        board, zoomed = (decode_image(b) for b in row["images"])
+        region = call_region(extra["view_box"], (spec.view_side, spec.view_side), board.size)
+        assert region == spot and region_hit(region, tuple(extra["shape_box"]), tuple(extra["cell_box"]))
+        # Zoomed on the spot, a shape of 8-12 px fills 3.5 times as many of the view's pixels: 28 to 42.
+        assert (right - left) * spec.zoom_view_side / 32 >= 28
+    with pytest.raises(ValueError, match="spot_side=110"):
+        ZoomTaskSpec(spot_side=110)
+    with pytest.raises(ValueError, match="a spot of 20 px cannot hold 3 shape"):
+        ZoomTaskSpec(spot_side=20)
 
 
 def test_region_hit_needs_the_whole_target_and_not_too_large_a_region() -> None:
