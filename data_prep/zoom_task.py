@@ -12,8 +12,9 @@ The model sees the image at ``view_side`` px (its processor's resize: 112 for th
 about ``side * view_side / image_size`` px (2 to 3 by default): its colour may show, its kind does not, so
 without the tool the model can at best pick among the cell's three colours. Zoomed on its cell (the built-in
 ``zoom_in``: the cell enlarged to the tool's pixel budget, then the processor's resize) a shape is about
-``side * zoom view / cell side`` px (8 to 12), legible; zoomed on a 32 px spot (``spot_side=32``), 28 to 42. (The tiny model's tower merges 28 x 28 view
-pixels into one token: unzoomed, a whole cell is one token; zoomed, sixteen.)
+``side * zoom view / cell side`` px (8 to 12), legible; zoomed on a 32 px spot (``spot_side=32``), 28 to 42.
+(The tiny model's tower merges 28 x 28 view pixels into one token: unzoomed, a whole cell is one token; zoomed,
+sixteen.)
 
 Each drawn row is checked: one whose target shape would be legible without zooming (over ``illegible_px`` in
 the full view: ``legible_without_zoom``) or illegible after zooming on its cell (under ``legible_px``:
@@ -116,6 +117,11 @@ class ZoomTaskSpec:
         return self.spot_side or self.cell_side - 2 * _MARGIN
 
     @property
+    def zoom_side(self) -> int:
+        """Side, in stored pixels, of the square a demonstrated call zooms on: the spot, or the whole cell."""
+        return self.spot_side or self.cell_side
+
+    @property
     def zoom_view_side(self) -> float:
         """Side, in the model's view, of a cell zoomed to the tool's budget (the processor shrinks it to the view)."""
         return min(math.isqrt(self.zoom_max_pixels), self.view_side)
@@ -124,16 +130,15 @@ class ZoomTaskSpec:
         """Why a target shape of ``side`` stored pixels makes a bad row, or None for a good one."""
         if side * self.view_side / self.image_size > self.illegible_px:
             return "legible_without_zoom"
-        if side * self.zoom_view_side / (self.spot_side or self.cell_side) < self.legible_px:
+        if side * self.zoom_view_side / self.zoom_side < self.legible_px:
             return "illegible_after_zoom"
         return None
 
     def view_box(self, row: int, col: int) -> list[float]:
         """Where to zoom for cell (row, col): the cell, or its spot, as [x1, y1, x2, y2] in the coordinates the
         model sees."""
-        scale = self.view_side / self.image_size
-        side = self.spot_side or self.cell_side
-        inset = (self.cell_side - side) / 2
+        scale, side = self.view_side / self.image_size, self.zoom_side
+        inset = (self.cell_side - side) // 2  # as _place centres the spot
         x0, y0 = col * self.cell_side + inset, row * self.cell_side + inset
         return [_number(v * scale) for v in (x0, y0, x0 + side, y0 + side)]
 
