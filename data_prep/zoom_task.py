@@ -123,7 +123,8 @@ class ZoomTaskSpec:
 
     @property
     def zoom_view_side(self) -> float:
-        """Side, in the model's view, of a cell zoomed to the tool's budget (the processor shrinks it to the view)."""
+        """Side, in the model's view, of a zoomed region (a cell, or its spot) enlarged to the tool's budget (the
+        processor shrinks it to the view)."""
         return min(math.isqrt(self.zoom_max_pixels), self.view_side)
 
     def legibility(self, side: int) -> str | None:

@@ -40,8 +40,15 @@ def video_synthesis(cfg: Config) -> VideoSynthesis:
     return VideoSynthesis(media_dir=Path(cfg.data.dir) / "media", clip=clip)
 
 
+def zoom_board(cfg: Config, **view: int) -> ZoomTaskSpec:
+    """The zoom task's board as the config sets it (``data.image_size``, ``zoom_grid``, ``zoom_shapes``,
+    ``zoom_spot``); ``view`` gives the view fields (``view_side``, ``zoom_max_pixels``), else their defaults."""
+    return ZoomTaskSpec(image_size=cfg.data.image_size, grid=cfg.data.zoom_grid, shapes_per_cell=cfg.data.zoom_shapes,
+                        spot_side=cfg.data.zoom_spot, **view)
+
+
 def zoom_spec(cfg: Config) -> ZoomTaskSpec:
-    """The zoom task for this run: its board at ``data.image_size``, the view the model at ``model.path`` gets
+    """The zoom task for this run: its board (:func:`zoom_board`), the view the model at ``model.path`` gets
     of it (its processor's resize) and the run's zoom budget (``rollout.agent.max_pixels``)."""
     from mmrl.agent.chat import ChatFormat
 
@@ -49,8 +56,7 @@ def zoom_spec(cfg: Config) -> ZoomTaskSpec:
     side = cfg.data.image_size
     encoded = encode_prompt(processor, [{"role": "user", "content": IMAGE_PLACEHOLDER}], [Image.new("RGB", (side, side))])
     view = ChatFormat(processor).model_image_sizes(encoded)[0]
-    return ZoomTaskSpec(image_size=side, grid=cfg.data.zoom_grid, shapes_per_cell=cfg.data.zoom_shapes,
-                        spot_side=cfg.data.zoom_spot, view_side=min(view), zoom_max_pixels=cfg.rollout.agent.max_pixels)
+    return zoom_board(cfg, view_side=min(view), zoom_max_pixels=cfg.rollout.agent.max_pixels)
 
 
 def zoom(cfg: Config) -> None:

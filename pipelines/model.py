@@ -17,12 +17,13 @@ from data_prep.synthetic import IMAGE_TASKS, SHAPES, corpus_texts, generate_rows
 from data_prep.synthetic_video import VIDEO_ANSWERS, VIDEO_QUESTIONS, VIDEO_TASKS
 from data_prep.zoom_task import QUESTION as ZOOM_QUESTION
 from data_prep.zoom_task import TASK as ZOOM
-from data_prep.zoom_task import ZOOM_TOOL, ZoomTaskSpec, cell_name
+from data_prep.zoom_task import ZOOM_TOOL, cell_name
 from mmrl.answer_format import format_answer
 from mmrl.config import Config
 from mmrl.models.loading import load_model
 from mmrl.models.tiny import build_tiny_vlm, count_parameters
 from pipelines.cli import parse
+from pipelines.data import zoom_board
 
 
 BASE_TASKS = ("colour", "count", "shape")
@@ -58,8 +59,7 @@ def zoom_corpus(cfg: Config, copies: int = 20) -> Iterator[str]:
     """The zoom task's texts: every question, a call on every cell (at the tiny model's view) and the answers."""
     from mmrl.agent.calls import format_call
 
-    spec = ZoomTaskSpec(image_size=cfg.data.image_size, grid=cfg.data.zoom_grid, shapes_per_cell=cfg.data.zoom_shapes,
-                        spot_side=cfg.data.zoom_spot)
+    spec = zoom_board(cfg)
     for _ in range(copies):
         for row in range(spec.grid):
             for col in range(spec.grid):
