@@ -27,7 +27,11 @@ and bottom exclusive): ``cell_box`` and ``shape_box``, for :func:`mmrl.agent.reg
 
 Demonstration rows (the ``sft`` split by default) hold a whole episode: the question, the policy's ``zoom_in``
 call on the cell (in the coordinates the model sees), the tool turn with the zoomed image (made by the built-in
-tool itself) and the answer. :mod:`mmrl.agent.chat` encodes them (``ChatFormat.in_format``).
+tool itself) and the answer. :mod:`mmrl.agent.chat` encodes them (``ChatFormat.in_format``). With ``call_share``
+below 1, only that share of them (spread evenly over the split) trains the call; the others show it as context
+(``extra["context_messages"]``), so SFT teaches reading the zoomed image on every demonstration and where to zoom
+on few. With ``call_cells="random"`` the trained calls zoom on a random cell and their answers are context: SFT
+then teaches the call's format and reading, and RL alone where to zoom.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ DATA_SOURCE = f"synthetic/{TASK}"
 QUESTION = "What colour is the {kind} in cell {cell}?"
 ROWS = "ABCDEFGHI"
 ZOOM_TOOL = "zoom_in"
+CALL_CELLS = ("question", "random")  # where a demonstration's trained call zooms
 LINE_GREY = 120  # the grid lines: darker than every background, far from every colour
 _MARGIN = 3  # pixels kept free inside a cell's lines
 
@@ -229,23 +234,40 @@ def _candidate(rng: random.Random, spec: ZoomTaskSpec) -> tuple[Image.Image, dic
     return render_board(shapes, spec, grey), extra, target["colour"]
 
 
-def demonstration(row: dict[str, Any], image: Image.Image, spec: ZoomTaskSpec) -> dict[str, Any]:
-    """The row as a demonstrated episode: the call on its cell, the tool's zoomed image, the answer."""
+def demonstration(row: dict[str, Any], image: Image.Image, spec: ZoomTaskSpec, train_call: bool = True,
+                  call_cell: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The row as a demonstrated episode: the call on its cell, the tool's zoomed image, the answer; with
+    ``train_call`` False the call is context only (``extra["context_messages"]``: the answer alone is trained).
+    ``call_cell`` (row, col) zooms on that cell instead: a demonstration of the call's format whose answer, not
+    legible in what it zoomed on, is context only."""
     extra = json.loads(row["extra"])
-    zoomed = zoom_in(extra["view_box"], images=[image], model_image_sizes=[(spec.view_side, spec.view_side)],
+    box = extra["view_box"] if call_cell is None else spec.view_box(*call_cell)
+    zoomed = zoom_in(box, images=[image], model_image_sizes=[(spec.view_side, spec.view_side)],
                      max_pixels=spec.zoom_max_pixels)
     messages = [*row["messages"],
-                {"role": "assistant", "content": format_call(ZOOM_TOOL, {"bbox_2d": extra["view_box"]})},
+                {"role": "assistant", "content": format_call(ZOOM_TOOL, {"bbox_2d": box})},
                 {"role": "tool", "content": IMAGE_PLACEHOLDER},
                 {"role": "assistant", "content": format_answer(row["answer"])}]
+    call, answer = len(row["messages"]), len(row["messages"]) + 2
+    context = [answer] if call_cell is not None else [] if train_call else [call]
+    extra = {**extra, "demonstration": True} | ({"context_messages": context} if context else {})
     return {**row, "messages": messages, "images": [*row["images"], encode_png(zoomed)],
-            "extra": json.dumps({**extra, "demonstration": True}, sort_keys=True)}
+            "extra": json.dumps(extra, sort_keys=True)}
 
 
 def generate_zoom_rows(num: int, seed: int, spec: ZoomTaskSpec, id_prefix: str, seen: set[str] | None = None,
-                       demonstrations: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ZoomReport]:
+                       demonstrations: bool = False, call_share: float = 1.0, call_cells: str = "question"
+                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ZoomReport]:
     """``num`` rows (whose images are not in ``seen``, which is updated), the quarantined ones (id, kind, reason,
-    extra) and the counts. Raises ValueError when too few rows pass the checks."""
+    extra) and the counts; with ``demonstrations``, each a demonstrated episode whose call is trained on
+    ``call_share`` of them, spread evenly, and zooms there on the question's cell (``call_cells="question"``)
+    or on a cell drawn at random (``"random"``: the format taught, not where to zoom). Raises ValueError when
+    too few rows pass the checks."""
+    if not 0.0 <= call_share <= 1.0:
+        raise ValueError(f"zoom task: call_share={call_share} must be in [0, 1]")
+    if call_cells not in CALL_CELLS:
+        raise ValueError(f"zoom task: call_cells={call_cells!r} must be one of {CALL_CELLS}")
+    cells = random.Random(f"{seed}-call-cells")  # its own stream: the boards do not depend on call_cells
     rng, seen = random.Random(seed), set() if seen is None else seen
     rows, quarantine, report = [], [], ZoomReport()
     while report.written < num:
@@ -267,7 +289,11 @@ def generate_zoom_rows(num: int, seed: int, spec: ZoomTaskSpec, id_prefix: str, 
             continue
         prompt = IMAGE_PLACEHOLDER + QUESTION.format(kind=extra["kind"], cell=extra["cell"])
         row = make_row(row_id, prompt, [png], answer, DATA_SOURCE, extra)
-        rows.append(demonstration(row, image, spec) if demonstrations else row)
+        k = report.written  # the k-th written row trains its call where the share's running count steps up
+        train_call = math.floor((k + 1) * call_share) > math.floor(k * call_share)
+        elsewhere = (cells.randrange(spec.grid), cells.randrange(spec.grid)) if call_cells == "random" else None
+        rows.append(demonstration(row, image, spec, train_call, elsewhere if train_call else None)
+                    if demonstrations else row)
         report.written += 1
     return rows, quarantine, report
 
@@ -280,21 +306,25 @@ _REASONS = {
 
 
 def build_zoom_splits(sizes: dict[str, int], seed: int, spec: ZoomTaskSpec = ZoomTaskSpec(),
-                      demo_splits: tuple[str, ...] = ("sft",)) -> dict[str, tuple[list, list, ZoomReport]]:
-    """Per split: its rows (demonstrations for ``demo_splits``), its quarantined rows and its counts. Each split
-    draws from its own derived seed, and no image occurs twice across the splits."""
+                      demo_splits: tuple[str, ...] = ("sft",), call_share: float = 1.0, call_cells: str = "question"
+                      ) -> dict[str, tuple[list, list, ZoomReport]]:
+    """Per split: its rows (demonstrations for ``demo_splits``, ``call_share`` of them with the call trained, on
+    ``call_cells``: :func:`generate_zoom_rows`), its quarantined rows and its counts. Each split draws from its own
+    derived seed, and no image occurs twice across the splits."""
     seen: set[str] = set()
     return {split: generate_zoom_rows(size, derive_seed(seed, TASK, split), spec, f"{split}-{TASK}", seen,
-                                      demonstrations=split in demo_splits)
+                                      demonstrations=split in demo_splits, call_share=call_share,
+                                      call_cells=call_cells)
             for split, size in sizes.items()}
 
 
 def write_zoom_splits(out_dir: str | Path, sizes: dict[str, int], seed: int, spec: ZoomTaskSpec = ZoomTaskSpec(),
-                      demo_splits: tuple[str, ...] = ("sft",)) -> dict[str, ZoomReport]:
+                      demo_splits: tuple[str, ...] = ("sft",), call_share: float = 1.0, call_cells: str = "question"
+                      ) -> dict[str, ZoomReport]:
     """Write ``<out_dir>/<split>.parquet`` and ``<out_dir>/<split>.quarantine.jsonl`` per split; the counts."""
     out = Path(out_dir)
     reports = {}
-    for split, (rows, quarantine, report) in build_zoom_splits(sizes, seed, spec, demo_splits).items():
+    for split, (rows, quarantine, report) in build_zoom_splits(sizes, seed, spec, demo_splits, call_share, call_cells).items():
         write_parquet(rows, out / f"{split}.parquet")
         path = out / f"{split}.quarantine.jsonl"
         tmp = path.with_name(f".{path.name}.tmp")

@@ -192,6 +192,12 @@ class DataConfig:
     zoom_spot: int = num(0, ge=0)
     """Side, in the board's pixels, of the square at each cell's centre that holds its shapes (0: the whole cell):
     the demonstrations zoom on it, and a smaller spot makes a zoomed shape larger."""
+    zoom_call_share: float = num(1.0, ge=0, le=1)
+    """Share of the zoom task's demonstrations (its ``sft`` split) whose ``zoom_in`` call is trained; the others
+    show the call as context and train the answer only (reading the zoomed image), leaving where to zoom to RL."""
+    zoom_call_cells: Literal["question", "random"] = "question"
+    """Where the trained calls zoom: on the question's cell, or on a random cell (their answers then context
+    only): SFT teaches the call's format and reading the zoomed image, and RL alone where to zoom."""
 
 
 @dataclass(kw_only=True)

@@ -65,7 +65,9 @@ def zoom(cfg: Config) -> None:
         raise ValueError(f"data.tasks: the zoom task is generated alone (its sft split holds demonstrations); got "
                          f"also {others}: set data.tasks={{zoom: 1.0}}")
     spec = zoom_spec(cfg)
-    for split, report in write_zoom_splits(cfg.data.dir, cfg.data.sizes, cfg.seed, spec).items():
+    splits = write_zoom_splits(cfg.data.dir, cfg.data.sizes, cfg.seed, spec, call_share=cfg.data.zoom_call_share,
+                               call_cells=cfg.data.zoom_call_cells)
+    for split, report in splits.items():
         print(f"data: {split:5s} {report.summary()} -> {Path(cfg.data.dir) / f'{split}.parquet'}")
 
 

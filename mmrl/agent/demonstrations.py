@@ -7,11 +7,15 @@ turn (its text's tokens and the end-of-turn token, the tokens the policy is trai
 ``tool`` messages is one tool turn, encoded by :meth:`mmrl.agent.chat.ChatFormat.encode_turn` from the tool
 outputs it states (a message's ``<image>`` placeholders take the row's next images): a hole, context only. So
 SFT and RL see a tool turn as the same tokens, positions and pixels.
+
+An assistant message can be context too (OpenAI's fine-tuning ``weight: 0``): the row's ``extra`` lists such
+messages' indices in ``context_messages``; they are encoded as policy turns but not trained on (the zoom task's
+demonstrations that teach reading the zoomed image without teaching where to zoom).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
@@ -30,18 +34,23 @@ def is_demonstration(messages: Sequence[dict[str, Any]]) -> bool:
 
 
 def encode_demonstration(chat: ChatFormat, tools: Sequence[dict[str, Any]], messages: Sequence[dict[str, Any]],
-                         images: Sequence[Image.Image], name: str = "") -> Episode:
+                         images: Sequence[Image.Image], name: str = "", context: Collection[int] = ()) -> Episode:
     """The demonstrated episode of one row: ``messages`` (the question, then assistant and ``tool`` messages),
-    ``images`` (the question's, then each tool message's in order), ``tools`` the run's tool definitions.
+    ``images`` (the question's, then each tool message's in order), ``tools`` the run's tool definitions,
+    ``context`` the indices of the assistant messages that are context only (not trained on).
 
     Returns the Episode (its ``scoring_context()`` and ``response()`` are what the trainer scores). Raises
-    ValueError naming the row when it does not end with an assistant message, or when its placeholders and
-    images disagree.
+    ValueError naming the row when it does not end with an assistant message, when its placeholders and
+    images disagree, or when ``context`` names a message that is not one of its assistant turns.
     """
     split = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
     if messages[-1]["role"] != "assistant":
         raise ValueError(f"demonstration {name}: its last message is a {messages[-1]['role']!r} one; a demonstrated "
                          "episode ends with the assistant's answer")
+    assistant = {i for i, m in enumerate(messages) if m["role"] == "assistant"}
+    if not set(context) <= assistant:
+        raise ValueError(f"demonstration {name}: context_messages {sorted(context)} must index its assistant messages "
+                         f"{sorted(assistant)}")
     question = list(messages[:split])
     count = count_placeholders(question, IMAGE_PLACEHOLDER)
     needed = count + count_placeholders(messages[split:], IMAGE_PLACEHOLDER)
@@ -52,7 +61,7 @@ def encode_demonstration(chat: ChatFormat, tools: Sequence[dict[str, Any]], mess
     episode = Episode(prompt, list(images[:count]), chat.model_image_sizes(prompt))
     tokenizer = chat.processor.tokenizer
     rest, pending = iter(images[count:]), []
-    for message in [*messages[split:], None]:
+    for index, message in [*enumerate(messages[split:], split), (len(messages), None)]:
         if message is not None and message["role"] == "tool":
             content = message["content"]
             shown = [next(rest) for _ in range(content.count(IMAGE_PLACEHOLDER))]
@@ -69,7 +78,7 @@ def encode_demonstration(chat: ChatFormat, tools: Sequence[dict[str, Any]], mess
                              "assistant and tool messages may follow it")
         ids = tokenizer(message["content"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         ids = torch.tensor(ids, dtype=torch.long)
-        episode.add_policy_turn(ids, torch.zeros(len(ids)), message["content"], [])
+        episode.add_policy_turn(ids, torch.zeros(len(ids)), message["content"], [], trained=index not in context)
     episode.finish()
     return episode
 

@@ -51,7 +51,8 @@ class EpisodeLimits:
 @dataclass
 class Turn:
     """One turn of the response: ids (L,) int64, mm_token_type_ids (L,) int64, and for the policy's its
-    log-probs (L,) float32 under the sampling distribution; for a tool turn its encoding (pixels, grids)."""
+    log-probs (L,) float32 under the sampling distribution; for a tool turn its encoding (pixels, grids).
+    ``trained`` False: a policy turn shown as context only (a demonstration's turn of weight 0)."""
 
     ids: torch.Tensor
     mm_types: torch.Tensor
@@ -60,6 +61,7 @@ class Turn:
     log_probs: torch.Tensor | None = None
     requests: list[ToolCall | CallError] = field(default_factory=list)  # a policy turn's calls, parsed
     encoded: EncodedPrompt | None = None
+    trained: bool = True
 
 
 @dataclass(frozen=True)
@@ -102,12 +104,12 @@ class Episode:
         return len(self.prompt) + self.response_tokens
 
     def add_policy_turn(self, ids: torch.Tensor, log_probs: torch.Tensor, text: str,
-                        requests: list[ToolCall | CallError]) -> None:
+                        requests: list[ToolCall | CallError], trained: bool = True) -> None:
         """ids, log_probs (L,): the policy's sampled tokens of one turn (its end-of-turn token included), its
-        text and the calls parsed from it."""
+        text and the calls parsed from it; ``trained`` False keeps the turn out of ``policy_mask``."""
         assert not self.done and ids.shape == log_probs.shape
         self.turns.append(Turn(ids.long(), torch.zeros_like(ids, dtype=torch.long), True, text, log_probs.float(),
-                               list(requests)))
+                               list(requests), trained=trained))
 
     def add_tool_turn(self, encoded: EncodedPrompt, records: list[CallRecord], model_image_sizes: list[tuple[int, int]]
                       ) -> None:
@@ -155,14 +157,16 @@ class Episode:
         )
 
     def response(self) -> dict[str, torch.Tensor]:
-        """The response's (R,) tensors: ids int64, policy_mask float32 (1 on the policy's tokens, 0 on tools'),
-        log_probs float32 (0 on tools' tokens), mm_types int64 (the tool turns' image tokens)."""
+        """The response's (R,) tensors: ids int64, policy_mask float32 (1 on the policy's trained tokens, 0 on
+        tools' and on context-only policy turns), log_probs float32 (0 on tools' tokens), mm_types int64 (the tool
+        turns' image tokens)."""
         def cat(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
             return torch.cat(parts).to(dtype) if parts else torch.zeros(0, dtype=dtype)
 
         return {
             "ids": cat([t.ids for t in self.turns], torch.long),
-            "policy_mask": cat([torch.full((len(t.ids),), float(t.policy)) for t in self.turns], torch.float32),
+            "policy_mask": cat([torch.full((len(t.ids),), float(t.policy and t.trained)) for t in self.turns],
+                               torch.float32),
             "log_probs": cat([t.log_probs if t.policy else torch.zeros(len(t.ids)) for t in self.turns], torch.float32),
             "mm_types": cat([t.mm_types for t in self.turns], torch.long),
         }

@@ -11,6 +11,7 @@ trained on its assistant turns only; its tool turns are context.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +58,9 @@ def pad_targets(targets: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor,
 
 def agent_examples(processor: Any, cfg: Config, rows: list[dict[str, Any]]
                    ) -> list[tuple[EncodedPrompt, torch.Tensor, torch.Tensor]]:
-    """The SFT examples of an agent run: a demonstration row's episode (its assistant turns trained), any other
-    row's prompt with the tools in its system message and its answer as the target."""
+    """The SFT examples of an agent run: a demonstration row's episode (its assistant turns trained, but those
+    its ``extra["context_messages"]`` lists), any other row's prompt with the tools in its system message and its
+    answer as the target."""
     from mmrl.agent.chat import ChatFormat
     from mmrl.agent.demonstrations import encode_demonstration, is_demonstration
     from mmrl.agent.executor import ToolExecutor
@@ -73,7 +75,8 @@ def agent_examples(processor: Any, cfg: Config, rows: list[dict[str, Any]]
         images = [decode_image(b) for b in row["images"]]
         name = str(row["id"])
         if is_demonstration(row["messages"]):
-            episode = encode_demonstration(chat, tools, row["messages"], images, name)
+            context = json.loads(row.get("extra") or "{}").get("context_messages", [])
+            episode = encode_demonstration(chat, tools, row["messages"], images, name, context)
             response = episode.response()
             examples.append((episode.scoring_context(), response["ids"], response["policy_mask"]))
         else:

@@ -67,12 +67,29 @@ def test_a_demonstration_whose_images_and_placeholders_disagree_is_refused_by_na
         encode_demonstration(chat, tools, row["messages"][:-1], images, "cut")
 
 
+def test_a_context_message_is_a_policy_turn_outside_the_policy_mask(chat_and_tools):
+    chat, tools = chat_and_tools
+    [row], _, _ = generate_zoom_rows(1, seed=2, spec=SPEC, id_prefix="d", demonstrations=True)
+    images = [decode_image(b) for b in row["images"]]
+    full = encode_demonstration(chat, tools, row["messages"], images, "d0")
+    answer_only = encode_demonstration(chat, tools, row["messages"], images, "d0", context=[1])
+    call, tool, answer = answer_only.turns
+    assert [t.policy for t in answer_only.turns] == [True, False, True] and not call.trained and answer.trained
+    response = answer_only.response()
+    assert response["policy_mask"].tolist() == [0.0] * (len(call.ids) + len(tool.ids)) + [1.0] * len(answer.ids)
+    assert torch.equal(response["ids"], full.response()["ids"])  # the same tokens, context instead of targets
+    with pytest.raises(ValueError, match=r"demonstration d0: context_messages \[2\] must index its assistant"):
+        encode_demonstration(chat, tools, row["messages"], images, "d0", context=[2])
+
+
 def test_agent_sft_trains_the_assistant_turns_of_demonstrations_only(tiny_config, tmp_path):
     from mmrl.models.logprobs import response_logprobs
     from mmrl.models.encoding import vision_token_ids
     from mmrl.trainer.sft import SFTTrainer, pad_targets
 
-    rows, _, _ = generate_zoom_rows(2, seed=4, spec=SPEC, id_prefix="sft", demonstrations=True)
+    # The first row's call is context only (call_share 0.5: the second trains its call).
+    rows, _, _ = generate_zoom_rows(2, seed=4, spec=SPEC, id_prefix="sft", demonstrations=True, call_share=0.5)
+    assert [json.loads(r["extra"]).get("context_messages") for r in rows] == [[1], None]
     write_parquet(rows, tmp_path / "sft.parquet")
     tiny_config.data.dir = str(tmp_path)
     tiny_config.rollout.agent.enabled = True
@@ -80,6 +97,9 @@ def test_agent_sft_trains_the_assistant_turns_of_demonstrations_only(tiny_config
     assert len(trainer.examples) == 2
     for context, ids, trained in trainer.examples:
         assert 0 < trained.sum() < len(ids) and context.response_mm_types is not None
+    answer_tokens = len(trainer.tokenizer(format_answer(rows[0]["answer"]), add_special_tokens=False)["input_ids"]) + 1
+    assert int(trainer.examples[0][2].sum()) == answer_tokens  # the answer alone
+    assert int(trainer.examples[1][2].sum()) > answer_tokens
     # Reference: every response token's log-prob (tool turns included), then the mean NLL over the assistant's.
     pad = trainer.tokenizer.pad_token_id
     ids, mask = pad_targets([t for _, t, _ in trainer.examples], pad)

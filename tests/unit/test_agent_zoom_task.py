@@ -150,6 +150,41 @@ def test_a_spot_holds_the_shapes_at_the_cell_centre_and_the_demonstration_zooms_
         ZoomTaskSpec(spot_side=20)
 
 
+@pytest.mark.parametrize("share, trained", [(1.0, 8), (0.25, 2), (0.3, 2), (0.0, 0)])
+def test_call_share_trains_the_call_of_that_share_of_demonstrations_spread_evenly(share: float, trained: int) -> None:
+    rows, _, _ = generate_zoom_rows(8, seed=1, spec=SPEC, id_prefix="c", demonstrations=True, call_share=share)
+    context = [json.loads(r["extra"]).get("context_messages") for r in rows]
+    assert sum(c is None for c in context) == trained and all(c in (None, [1]) for c in context)
+    if share == 0.25:
+        assert [c is None for c in context] == [False, False, False, True] * 2
+    assert [r["messages"] for r in rows] == [r["messages"] for r in generate_zoom_rows(
+        8, seed=1, spec=SPEC, id_prefix="c", demonstrations=True)[0]]  # the same episodes, only their weights differ
+    with pytest.raises(ValueError, match=r"call_share=1.5 must be in \[0, 1\]"):
+        generate_zoom_rows(1, seed=1, spec=SPEC, id_prefix="c", demonstrations=True, call_share=1.5)
+
+
+def test_random_call_cells_teach_the_format_on_other_cells_with_the_answer_as_context() -> None:
+    rows, _, _ = generate_zoom_rows(16, seed=3, spec=SPEC, id_prefix="r", demonstrations=True, call_share=0.5,
+                                    call_cells="random")
+    boxes = {json.dumps(SPEC.view_box(r, c)): (r, c) for r in range(SPEC.grid) for c in range(SPEC.grid)}
+    elsewhere = 0
+    for row in rows:
+        extra, call = json.loads(row["extra"]), parse_calls(row["messages"][1]["content"], VALIDATORS)[0]
+        box = call.arguments["bbox_2d"]
+        assert json.dumps(box) in boxes  # a cell's box, in the model's coordinates
+        if extra["context_messages"] == [3]:  # a trained call: the answer after it is context
+            elsewhere += box != extra["view_box"]
+        else:
+            assert extra["context_messages"] == [1] and box == extra["view_box"]  # reading: the call is context
+        image = decode_image(row["images"][0])
+        zoomed = zoom_in(box, images=[image], model_image_sizes=[(SPEC.view_side, SPEC.view_side)],
+                         max_pixels=SPEC.zoom_max_pixels)
+        assert decode_image(row["images"][1]).tobytes() == zoomed.tobytes()
+    assert sum(json.loads(r["extra"])["context_messages"] == [3] for r in rows) == 8 and elsewhere >= 6
+    with pytest.raises(ValueError, match=r"call_cells='nearby' must be one of \('question', 'random'\)"):
+        generate_zoom_rows(1, seed=1, spec=SPEC, id_prefix="c", demonstrations=True, call_cells="nearby")
+
+
 def test_region_hit_needs_the_whole_target_and_not_too_large_a_region() -> None:
     cell, target = (100, 100, 200, 200), (120, 130, 130, 140)
     assert region_hit((110, 120, 140, 150), target, cell)
