@@ -22,8 +22,10 @@ the full view: ``legible_without_zoom``) or illegible after zooming on its cell 
 written + quarantined (:class:`ZoomReport`). A spec under which every row is quarantined raises ValueError.
 
 Each row's ``extra`` records the board (``shapes``: every shape's cell, kind, colour and box), the question's
-``cell`` and ``kind``, and the ground truth of where to look, in stored pixels (left, top, right, bottom; right
-and bottom exclusive): ``cell_box`` and ``shape_box``, for :func:`mmrl.agent.regions.region_hit`.
+``cell`` and ``kind``, the ground truth of where to look, in stored pixels (left, top, right, bottom; right
+and bottom exclusive): ``cell_box`` and ``shape_box``, for :func:`mmrl.agent.regions.region_hit`, and ``guide``:
+the known-good episode's policy turns (the call on the question's view box, the answer) that off-policy
+guidance (``trainer.guide_unsolved``) runs for a group whose every episode is wrong.
 
 Demonstration rows (the ``sft`` split by default) hold a whole episode: the question, the policy's ``zoom_in``
 call on the cell (in the coordinates the model sees), the tool turn with the zoomed image (made by the built-in
@@ -231,7 +233,14 @@ def _candidate(rng: random.Random, spec: ZoomTaskSpec) -> tuple[Image.Image, dic
     extra = {"task": TASK, "grid": spec.grid, "cell": target["cell"], "kind": target["kind"], "background": [grey] * 3,
              "cell_box": [x0, y0, x0 + side, y0 + side], "shape_box": [x, y, x + s, y + s],
              "view_box": spec.view_box(*index), "shapes": shapes}
+    extra["guide"] = guide_turns(extra["view_box"], target["colour"])
     return render_board(shapes, spec, grey), extra, target["colour"]
+
+
+def guide_turns(box: list[float], answer: str) -> list[str]:
+    """The known-good episode's policy turns (``extra["guide"]``, for ``trainer.guide_unsolved``): the
+    ``zoom_in`` call on ``box`` (the question's view box), then the answer."""
+    return [format_call(ZOOM_TOOL, {"bbox_2d": box}), format_answer(answer)]
 
 
 def demonstration(row: dict[str, Any], image: Image.Image, spec: ZoomTaskSpec, train_call: bool = True,
@@ -244,10 +253,9 @@ def demonstration(row: dict[str, Any], image: Image.Image, spec: ZoomTaskSpec, t
     box = extra["view_box"] if call_cell is None else spec.view_box(*call_cell)
     zoomed = zoom_in(box, images=[image], model_image_sizes=[(spec.view_side, spec.view_side)],
                      max_pixels=spec.zoom_max_pixels)
-    messages = [*row["messages"],
-                {"role": "assistant", "content": format_call(ZOOM_TOOL, {"bbox_2d": box})},
-                {"role": "tool", "content": IMAGE_PLACEHOLDER},
-                {"role": "assistant", "content": format_answer(row["answer"])}]
+    call_text, answer_text = guide_turns(box, row["answer"])
+    messages = [*row["messages"], {"role": "assistant", "content": call_text},
+                {"role": "tool", "content": IMAGE_PLACEHOLDER}, {"role": "assistant", "content": answer_text}]
     call, answer = len(row["messages"]), len(row["messages"]) + 2
     context = [answer] if call_cell is not None else [] if train_call else [call]
     extra = {**extra, "demonstration": True} | ({"context_messages": context} if context else {})

@@ -130,12 +130,21 @@ class ProbedJudge(JudgeWorker):
 def script_calls(agent: Any) -> None:
     """Decide for a random model when its agent calls a tool: a policy turn whose text has an even number of
     characters calls ``zoom_in`` on the top-left quarter of the episode's first image; the others answer. (A random
-    tiny model never writes a well-formed call itself.) Everything after the decision is the real agent loop: the
-    tool's worker process, the tool turn, its encoding, the holes."""
+    tiny model never writes a well-formed call itself.) A turn that writes a call or an answer in the trained format
+    (a guide episode's) is parsed as it is. Everything after the decision is the real agent loop: the tool's worker
+    process, the tool turn, its encoding, the holes."""
     from mmrl.agent.calls import ToolCall
 
-    if agent is not None:
-        agent.table.parse = lambda text: [ToolCall("zoom_in", {"bbox_2d": [0, 0, 28, 28]})] if len(text) % 2 == 0 else []
+    if agent is None:
+        return
+    parse = agent.table.parse
+
+    def scripted(text: str) -> list:
+        if "<tool_call>" in text or "<answer>" in text:
+            return parse(text)
+        return [ToolCall("zoom_in", {"bbox_2d": [0, 0, 28, 28]})] if len(text) % 2 == 0 else []
+
+    agent.table.parse = scripted
 
 
 class ScriptedCallsActor(ProbedActor):

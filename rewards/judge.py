@@ -39,6 +39,24 @@ def judge_messages(messages: Sequence[dict[str, Any]], response: str, ground_tru
     return [{"role": "user", "content": placeholders + body}]
 
 
+def episode_transcript(record: dict[str, Any]) -> tuple[str, list[bytes]]:
+    """An agent episode (:func:`mmrl.agent.rollout.episode_record`) as the judge reads it: its turns in order,
+    ``assistant: <text>`` for the policy's and ``tool <name>: <text>`` plus one image placeholder per returned image
+    for each call a tool turn answers (a malformed call: its error message); and the tools' images (PNG bytes), in
+    the order of their placeholders."""
+    lines, images = [], []
+    for turn in record["turns"]:
+        if turn["role"] == "assistant":
+            lines.append(f"assistant: {turn['text']}")
+            continue
+        for index in turn["calls"]:
+            call = record["calls"][index]
+            lines.append(f"tool {call['name'] or call.get('error', 'call')}: "
+                         + IMAGE_PLACEHOLDER * len(call["images"]) + call["text"])
+            images += call["images"]
+    return "\n".join(lines), images
+
+
 def parse_verdict(text: str) -> float | None:
     """1.0 for a yes, 0.0 for a no, None when the judge said neither.
 

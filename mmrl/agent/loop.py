@@ -44,16 +44,19 @@ class AgentLoop:
         self.max_model_len = int(max_model_len or getattr(engine, "max_model_len"))
         self.eos_id = chat.processor.tokenizer.eos_token_id
 
-    def run(self, prompts: Sequence[EncodedPrompt], params: SamplingParams) -> tuple[list[Episode], ToolStats]:
+    def run(self, prompts: Sequence[EncodedPrompt], params: SamplingParams, new_step: bool = True
+            ) -> tuple[list[Episode], ToolStats]:
         """B encoded prompts (tools already in their system message) -> B*n episodes, the n of prompt i at
-        i*n .. i*n+n-1, and the step's tool counts. One call is one step: hung tools are tried again."""
+        i*n .. i*n+n-1, and the call's tool counts. With ``new_step`` (a step's first call) hung tools are tried
+        again; a later call of the same step (its guides) keeps them failed."""
         for prompt in prompts:
             grids = 0 if prompt.image_grid_thw is None else len(prompt.image_grid_thw)
             if grids != len(prompt.source_images):
                 raise ValueError(f"prompt {prompt.name}: its {grids} image(s) were not kept (an EncodedPrompt drops its "
                                  "source images when it is sent to another process); run the agent loop where the "
                                  "prompts were encoded, so that tools can crop the stored images")
-        self.executor.begin_step()
+        if new_step:
+            self.executor.begin_step()
         stats = ToolStats()
         episodes = [Episode(p, list(p.source_images), self.chat.model_image_sizes(p)) for p in prompts
                     for _ in range(params.n)]

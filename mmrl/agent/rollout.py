@@ -12,6 +12,7 @@ images) and the counts.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from collections.abc import Sequence
 from typing import Any
@@ -24,29 +25,14 @@ from mmrl.agent.episode import CUT_KINDS, Episode, EpisodeLimits
 from mmrl.agent.executor import ToolExecutor
 from mmrl.agent.loop import AgentLoop, response_batch
 from mmrl.agent.outputs import ToolLimits, ToolOutput
+from mmrl.agent.scripted import ScriptedTurns
 from mmrl.agent.stats import ToolStats
 from mmrl.agent.table import build_tool_table
-from mmrl.config import AgentConfig, Config
+from mmrl.config import AgentConfig
 from mmrl.models.encoding import EncodedPrompt
 from mmrl.protocol import Batch
 from mmrl.rollout.base import RolloutEngine, SamplingParams
 from mmrl.rollout.samples import encode_rows
-
-
-def check_agent_run(cfg: Config) -> None:
-    """Raises NotImplementedError for what agent rollouts do not support yet: a reward model or a judge (neither
-    reads the tool turns' media yet). A critic scores the episodes from their scoring contexts, sent to its ranks
-    with the samples (:mod:`mmrl.workers.prompts`)."""
-    if not cfg.rollout.agent.enabled:
-        return
-    missing = [what for what, used in (
-        ("a reward model (reward.model.path)", bool(cfg.reward.model.path)),
-        ("a judge (reward.judge.path)", bool(cfg.reward.judge.path))) if used]
-    if missing:
-        raise NotImplementedError(
-            f"rollout.agent.enabled with {' and '.join(missing)} is not supported yet: they score the prompt and the "
-            "final answer, not the tool turns' images; use rule rewards (reward.function), which receive the whole "
-            "episode, or rollout.agent.enabled=false")
 
 
 def tool_limits(cfg: AgentConfig) -> ToolLimits:
@@ -130,6 +116,30 @@ class AgentRollout:
         driver's metrics come from these (:func:`agent_metrics`), over every rank's samples.
         """
         episodes, _ = self.loop.run(prompts, params)
+        return self.samples(episodes, version), [e.scoring_context() for e in episodes]
+
+    def guide(self, prompts: Sequence[EncodedPrompt], scripts: Sequence[Sequence[str]], version: int
+              ) -> tuple[Batch, list[EncodedPrompt]]:
+        """One guide episode per encoded prompt, its policy turns ``scripts[i]`` (texts) and its tool turns the
+        real tools' outputs (:mod:`mmrl.agent.scripted`): the samples of :meth:`sample` (n=1) with
+        ``guide_complete`` (B,) float32, 1 where the episode used its whole script and no budget cut it (a guide
+        the step can use), and the scoring contexts."""
+        names = [f"{p.name}#guide{i}" for i, p in enumerate(prompts)]  # a prompt may be guided twice in one call
+        named = [dataclasses.replace(p, name=name) for p, name in zip(prompts, names)]
+        engine = ScriptedTurns(dict(zip(names, scripts)), self.processor.tokenizer, self.loop.max_model_len)
+        loop = AgentLoop(engine, self.chat, self.table, self.executor, limits=self.loop.limits,
+                         tool_limits=self.loop.tool_limits, max_model_len=self.loop.max_model_len)
+        episodes, _ = loop.run(named, SamplingParams(n=1, max_new_tokens=self.loop.limits.max_new_tokens),
+                               new_step=False)
+        for episode, prompt in zip(episodes, prompts):
+            episode.prompt = dataclasses.replace(episode.prompt, name=prompt.name)
+        out = self.samples(episodes, version)
+        out.tensors["guide_complete"] = torch.tensor(
+            [float(e.cut is None and engine.complete(name)) for e, name in zip(episodes, names)])
+        return out, [e.scoring_context() for e in episodes]
+
+    def samples(self, episodes: Sequence[Episode], version: int) -> Batch:
+        """The samples of finished episodes (see :meth:`sample`)."""
         # One width on every rank and every call (the episode budget), as single-turn rollouts pad to theirs.
         parts = response_batch(episodes, self.pad_id, width=self.loop.limits.max_tokens)
         count = len(episodes)
@@ -140,7 +150,7 @@ class AgentRollout:
         tensors["weight_version"] = torch.full((count,), version, dtype=torch.long)
         objects = {"response_text": [e.final_text for e in episodes], "episode": [episode_record(e) for e in episodes],
                    "image_grids": grids}
-        return Batch(tensors=tensors, objects=objects), [e.scoring_context() for e in episodes]
+        return Batch(tensors=tensors, objects=objects)
 
     def close(self) -> None:
         self.executor.close()

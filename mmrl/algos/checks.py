@@ -56,10 +56,12 @@ def check_algorithm_config(cfg: Config, given: frozenset[str]) -> None:
 
 
 def check_guidance(cfg: Config) -> None:
-    """What ``trainer.guide_unsolved`` needs: single-turn samples and the trainer's own old log-probs."""
-    if cfg.rollout.agent.enabled:
-        raise ConfigError("trainer.guide_unsolved with rollout.agent: a guide would have to be a whole episode (tool "
-                          "calls and their results), which is not built; set trainer.guide_unsolved=false")
+    """What ``trainer.guide_unsolved`` needs: the trainer's own old log-probs, and for agent episodes the ranks that
+    ran them (sync mode)."""
+    if cfg.rollout.agent.enabled and cfg.trainer.mode == "async":
+        raise ConfigError("trainer.guide_unsolved with rollout.agent in trainer.mode=async: a guide episode runs its "
+                          "tools on the rank that holds the prompt, and in async mode that is a rollout-pool rank the "
+                          "step no longer calls; use trainer.mode=sync or trainer.guide_unsolved=false")
     if cfg.actor.old_log_probs == "rollout":
         raise ConfigError("trainer.guide_unsolved with actor.old_log_probs=rollout: a guide has no engine log-probs, "
                           "so its old log-probs must be the trainer's; set actor.old_log_probs=auto or recompute")

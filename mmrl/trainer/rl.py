@@ -23,7 +23,7 @@ from typing import Iterator, Literal
 
 import torch
 
-from mmrl.agent.rollout import agent_metrics, check_agent_run
+from mmrl.agent.rollout import agent_metrics
 from mmrl.algos import RolloutContext, build_algorithm, needs_reference
 from mmrl.algos.kl_control import build_kl_controller, kl_in_reward
 from mmrl.algos.rollout_correction import IS_WEIGHTS, rollout_is_weights
@@ -77,7 +77,6 @@ class RLTrainer:
         self.cfg = cfg = prepare_run_config(cfg)  # checked; a resolved copy (equal to cfg if cfg was resolved)
         self.checkpoint = checkpoint or cfg.trainer.init
         check_checkpoint(self.checkpoint, "trainer.init")  # before any worker starts
-        check_agent_run(cfg)
         self.algorithm = build_algorithm(cfg)
         self.with_reference = needs_reference(cfg)
         self.old_log_probs = old_log_prob_source(cfg)
@@ -100,7 +99,8 @@ class RLTrainer:
         self.train_rows = load_rows(cfg.data.dir, "train")
         self.val_rows = load_rows(cfg.data.dir, "val", limit=cfg.trainer.val_size)
         self.checkpoints = CheckpointManager(cfg.trainer.out_dir, cfg.trainer.keep_last)
-        self.guidance = (Guidance(functools.partial(response_ids, processor.tokenizer))
+        self.guidance = (Guidance(functools.partial(response_ids, processor.tokenizer),
+                                  self.guide_episodes if agent.enabled else None)
                          if cfg.trainer.guide_unsolved else None)
         self.timing: dict[str, float] = {}
         self.restarts = 0
@@ -148,8 +148,9 @@ class RLTrainer:
             self.groups[name] = WorkerGroup(worker, own_pool, share=1.0 if own else 1.0 / colocated, **group)
             self.groups[name].init_model(cfg, path)
         self.critic = self.groups.get("critic")
-        # Agent episodes' scoring contexts go back to the driver when another group scores the samples too.
-        self.share_contexts = cfg.rollout.agent.enabled and self.critic is not None
+        # Agent episodes' scoring contexts go back to the driver when another group scores the samples too (a
+        # critic's or a reward model's ranks; the judge reads the episode's record).
+        self.share_contexts = cfg.rollout.agent.enabled and bool({"critic", "reward_model"} & set(self.groups))
         self.reward = self.build_reward()
 
     def worker_shape(self, use_gpu: bool, pools: int) -> tuple[float, int]:
@@ -307,6 +308,11 @@ class RLTrainer:
         batch.tensors["token_level_rewards"] = place_on_last_token(scores, policy_mask(batch))
         batch.tensors["correct"] = correct
         return batch, metrics
+
+    def guide_episodes(self, rows: Batch) -> Batch:
+        """The guide episodes of ``trainer.guide_unsolved`` with agent rollouts, each run by the rank that holds its
+        prompt (:meth:`ActorRolloutRefWorker.guide_episodes`)."""
+        return self.workers.guide_episodes(rows, share_contexts=self.share_contexts)
 
     def score_rows(self, rows: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The reward stage's (scores, correct), each (K,), of K samples (the guides of ``trainer.guide_unsolved``)."""

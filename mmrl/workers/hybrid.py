@@ -204,16 +204,35 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         takes) for the step's later calls, and with ``share_contexts`` also returns them (``context``) for the
         other groups that score the samples (a critic's)."""
         out, contexts = self.agent.sample(encoded, params, self.version)
-        first = len(self.prompt_cache)
-        keys = [f"{e.name}#{first + i}" for i, e in enumerate(e for e in encoded for _ in range(params.n))]
         if keep:
-            self.prompt_cache.hold(keys, contexts)
-            out.objects[CONTEXT_KEY] = keys
-            if share_contexts:
-                out.objects[CONTEXT] = contexts
+            self.hold_contexts(out, contexts, share_contexts)
         if return_prompts:
             out.objects["prompt"] = contexts
         return out
+
+    def hold_contexts(self, samples: Batch, contexts: list, share_contexts: bool) -> None:
+        """Keep agent samples' scoring contexts under their new ``context_key`` (in ``samples``); with
+        ``share_contexts`` the contexts go back too."""
+        first = len(self.prompt_cache)
+        keys = [f"{c.name}#{first + i}" for i, c in enumerate(contexts)]
+        self.prompt_cache.hold(keys, contexts)
+        samples.objects[CONTEXT_KEY] = keys
+        if share_contexts:
+            samples.objects[CONTEXT] = contexts
+
+    @register(Dispatch.DP_COMPUTE, fields=("guide_turns",), prompts=True)
+    def guide_episodes(self, rows: Batch, share_contexts: bool = False) -> Batch:
+        """rows (one per guide: the uid of a prompt this step generated for, ``guide_turns``: the texts of its
+        policy turns) -> one guide episode each, run with the rank's real tools (:meth:`AgentRollout.guide`):
+        the agent's sample fields with ``guide_complete`` (B,) and ``context_key``, whose scoring context the rank
+        holds for the step's later passes (and returns with ``share_contexts``)."""
+        if self.agent is None:
+            raise RuntimeError("guide_episodes runs agent episodes: this worker has no agent (rollout.agent.enabled)")
+        encoded = self.prompt_cache.attach(rows)["prompt"]
+        real = real_prompts(rows)
+        out, contexts = self.agent.guide(encoded[:real], rows["guide_turns"][:real], self.version)
+        self.hold_contexts(out, contexts, share_contexts)
+        return pad_samples(out, real, len(rows), 1)
 
     @register(Dispatch.RANK_ZERO)
     def tool_names(self) -> list[str]:

@@ -1,8 +1,8 @@
 """The generative-judge worker: a VLM asked, through a rollout engine, whether each response is correct.
 
-The judge sees the prompt's media, the prompt's text, the policy's response and the reference answer
-(``reward.judge.template``) and answers greedily; :func:`rewards.judge.parse_verdict` turns its answer
-into 1 (yes), 0 (no) or "unparsable" (scored 0 and counted).
+The judge sees the prompt's media, the prompt's text, the policy's response (an agent episode's whole transcript,
+with the images its tools returned) and the reference answer (``reward.judge.template``) and answers greedily;
+:func:`rewards.judge.parse_verdict` turns its answer into 1 (yes), 0 (no) or "unparsable" (scored 0 and counted).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from mmrl.protocol import Batch
 from mmrl.rollout import RolloutEngine, SamplingParams, build_rollout_engine
 from mmrl.rollout.samples import generate_samples
 from mmrl.workers.model_builder import build_model
-from rewards.judge import check_template, judge_messages, parse_verdict
+from rewards.judge import check_template, episode_transcript, judge_messages, parse_verdict
 
 JUDGED = ("messages", "images", "response_text", "answer")
 
@@ -48,15 +48,21 @@ class JudgeWorker(Worker):
         batching = self.engine.batching(SamplingParams(n=1, max_new_tokens=self.max_new_tokens))
         return {"judge.generate": str(batching) if batching is not None else "the engine's own"}
 
-    @register(Dispatch.DP_COMPUTE, fields=JUDGED, optional=("videos",))
+    @register(Dispatch.DP_COMPUTE, fields=JUDGED, optional=("videos", "episode"))
     def judge(self, batch: Batch) -> Batch:
         """-> judge_scores (B,) (1 yes, 0 no or unparsable), judge_parsed (B,) (1 when a verdict was read) and
-        judge_text (the judge's answers)."""
+        judge_text (the judge's answers). An agent episode (``episode``) is judged whole: its response is the
+        episode's transcript, the tools' images following the prompt's (:func:`episode_transcript`)."""
         batch.require(*JUDGED)
+        responses, images = list(batch["response_text"]), list(batch["images"])
+        if "episode" in batch.objects:
+            for i, record in enumerate(batch["episode"]):
+                responses[i], returned = episode_transcript(record)
+                images[i] = [*images[i], *returned]
         questions = Batch(objects={
             "messages": [judge_messages(m, r, a, self.template)
-                         for m, r, a in zip(batch["messages"], batch["response_text"], batch["answer"])],
-            "images": batch["images"],
+                         for m, r, a in zip(batch["messages"], responses, batch["answer"])],
+            "images": images,
             "videos": batch["videos"] if "videos" in batch.objects else [[] for _ in range(len(batch))],
         })
         params = SamplingParams(n=1, greedy=True, max_new_tokens=self.max_new_tokens)

@@ -1,15 +1,21 @@
 """Agent rollouts in real runs whose episodes hold tool turns with images (holes in the policy mask): PPO on 2
 ranks, scored and trained where they were generated and valued by a critic that gets their contexts with the
-samples, with the agent's metrics and the rollout HTML; and GRPO in async mode, its episodes run on the rollout
-pool and trained on the trainer's rank."""
+samples, with the agent's metrics, the rollout HTML, off-policy guidance (each all-wrong group's guide episode
+run with the real tool on the rank that holds its prompt) and a reward model and a judge that score each episode
+whole (the reward model from its context, tool images included; the judge from its transcript); and GRPO in
+async mode, its episodes run on the rollout pool and trained on the trainer's rank."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 
+from data_prep.zoom_task import write_zoom_splits
+from mmrl.models.forward import ValueModel
+from mmrl.models.loading import load_model, load_processor, save_checkpoint
 from mmrl.tracking import Tracker
 from mmrl.trainer.async_rl import AsyncRLTrainer
 from mmrl.trainer.rl import RLTrainer
@@ -22,6 +28,18 @@ class ScriptedTrainer(RLTrainer):
 
 class ScriptedAsyncTrainer(AsyncRLTrainer):
     rollout_worker = ScriptedCallsRollout
+
+
+@pytest.fixture(scope="module")
+def agent_reward_model_dir(turn_ending_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The agent runs' policy as a reward model (the same tokenizer) with a random, non-zero head."""
+    model = load_model(turn_ending_model_dir)
+    root = ValueModel.from_policy(model)
+    torch.manual_seed(0)
+    torch.nn.init.normal_(root.value_head.weight, std=0.5)
+    path = save_checkpoint(model, load_processor(turn_ending_model_dir), tmp_path_factory.mktemp("agent-rm") / "rm")
+    root.save_head(path)
+    return path
 
 
 def agent_config(cfg, model_dir: Path, engine: str = "hf"):
@@ -52,10 +70,18 @@ def check_episodes_trained(metrics: dict[str, float]) -> None:
 # vLLM runs the same loop through the engine interface; its run costs a vLLM start: `make test-extra`.
 @pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.extra)])
 def test_ppo_on_two_ranks_trains_and_values_episodes_whose_tool_turns_are_holes(engine, tiny_config,
-                                                                               turn_ending_model_dir, tmp_path):
+                                                                               turn_ending_model_dir,
+                                                                               agent_reward_model_dir, tmp_path):
     cfg = agent_config(tiny_config, turn_ending_model_dir, engine)
     cfg.algorithm.name = "ppo"
     cfg.resources.num_workers = 2
+    # The zoom task's rows, whose extra["guide"] is the call on the question's cell and the answer; the random
+    # policy never answers right, so every group is all wrong and gets its guide episode.
+    write_zoom_splits(tmp_path / "zoom", {"train": 8, "val": 4}, seed=0)
+    cfg.data.dir, cfg.trainer.guide_unsolved = str(tmp_path / "zoom"), True
+    cfg.rollout.agent.max_new_tokens = 96  # the guide's call is 86 tokens of this tokenizer
+    cfg.reward.model.path, cfg.reward.model.weight = str(agent_reward_model_dir), 0.5
+    cfg.reward.judge.path, cfg.reward.judge.max_new_tokens = str(turn_ending_model_dir), 4
     trainer = ScriptedTrainer(cfg)
     tracker = Tracker(cfg, cfg.trainer.experiment, "agent", stage="rl")
     try:
@@ -73,6 +99,14 @@ def test_ppo_on_two_ranks_trains_and_values_episodes_whose_tool_turns_are_holes(
     assert run.info.status == "FINISHED"
     check_episodes_trained(metrics)
     assert metrics["critic/vf_loss"] > 0 and abs(metrics["critic/values/mean"]) > 0  # the critic saw the episodes
+    # A guide ran its call through the real tool on the rank that held its prompt, was verified and trained on
+    # (its behaviour log-probs the trainer's own: logprob_diff above stays within 1e-4).
+    assert metrics["train/acc"] == 0 and metrics["guide/groups"] == 1 and metrics["guide/rejected"] == 0
+    # The reward model scored every episode from its context (a context missing on its rank fails the pass) and
+    # the judge gave its verdicts; the training reward is their weighted sum with the rule's.
+    parts = (metrics["reward/score/mean"] + 0.5 * metrics["reward/model/score"]
+             + metrics["reward/judge/score"])
+    assert metrics["reward/model/std"] > 0 and metrics["reward/score/total"] == pytest.approx(parts, abs=1e-5)
     html = Path(client.download_artifacts(run.info.run_id, "rollouts/step_00002.html", str(tmp_path))).read_text()
     assert "<b>tool</b> zoom_in" in html and "data:image/png;base64" in html
 

@@ -1,5 +1,5 @@
-"""The agent's seams with the trainer: what a run refuses, the driver's metrics from every rank's samples, the
-episode that rewards and the rollout HTML see, and the rank's held scoring contexts."""
+"""The agent's seams with the trainer: the driver's metrics from every rank's samples, the episode that rewards,
+the judge and the rollout HTML see, and the rank's held scoring contexts."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import pytest
 import torch
 from PIL import Image
 
-from mmrl.agent.rollout import agent_metrics, check_agent_run, episode_record
+from mmrl.agent.rollout import agent_metrics, episode_record
 from mmrl.controller.dispatch import Dispatch, DispatchSpec, split_args
 from mmrl.controller.worker_group import held_keys
 from mmrl.models.encoding import EncodedPrompt
 from mmrl.protocol import Batch
 from mmrl.trainer.evaluation import samples_html
 from mmrl.trainer.reward_stage import reward_inputs
-from mmrl.trainer.rl import RLTrainer
 from mmrl.workers.prompts import PromptCache
+from rewards.judge import episode_transcript, judge_messages
 
 
 def png(colour: str = "red", size: int = 8) -> bytes:
@@ -165,25 +165,6 @@ def test_episode_records_name_malformed_calls_by_their_error_kind():
     assert "arguments" not in record["calls"][1]
 
 
-def test_agent_rollouts_refuse_a_reward_model_but_take_a_critic(tiny_config):
-    tiny_config.rollout.agent.enabled = True
-    tiny_config.algorithm.name = "ppo"
-    check_agent_run(tiny_config)  # the critic's ranks get the episodes' scoring contexts with the samples
-    tiny_config.reward.model.path = "/nowhere"
-    with pytest.raises(NotImplementedError, match=r"rollout.agent.enabled with a reward model \(reward.model.path\) "
-                                                  "is not supported yet"):
-        check_agent_run(tiny_config)
-    tiny_config.rollout.agent.enabled = False
-    check_agent_run(tiny_config)  # without the agent: nothing to refuse
-
-
-def test_an_agent_run_with_a_reward_model_stops_before_any_worker_starts(tiny_config):
-    tiny_config.rollout.agent.enabled = True
-    tiny_config.reward.model.path = "/nowhere"
-    with pytest.raises(NotImplementedError, match="not supported yet"):
-        RLTrainer(tiny_config)
-
-
 def test_an_agent_run_s_tiny_tokenizer_learns_its_tools_block(tmp_path):
     from mmrl.agent.chat import tools_block
     from mmrl.agent.executor import ToolExecutor
@@ -202,3 +183,17 @@ def test_an_agent_run_s_tiny_tokenizer_learns_its_tools_block(tmp_path):
             block = tools_block(build_tool_table(cfg.rollout.agent.tools, executor).definitions())
         lengths.append(len(load_processor(str(path)).tokenizer(block)["input_ids"]))
     assert lengths[1] < 0.7 * lengths[0], lengths
+
+
+def test_the_judge_reads_an_episode_as_its_transcript_with_the_tools_images():
+    text, images = episode_transcript(RECORDS[1])
+    assert text == "assistant: call\ntool zoom_in: <image>\nassistant: <answer>blue</answer>" and images == [png()]
+    text, images = episode_transcript(RECORDS[2])
+    assert text == ("assistant: call\ntool zoom_in: Error: timed out\nassistant: again\ntool bad_json: Error: bad JSON")
+    assert images == []
+    text, images = episode_transcript(RECORDS[1])
+    question = judge_messages([{"role": "user", "content": "<image>Which colour?"}], text, "blue",
+                              "Q: {question}\nA: {response}\nTruth: {ground_truth}")
+    # The prompt's image first, then the tool's, in the order of the images the judge is given.
+    assert question[0]["content"] == ("<image>Q: Which colour?\nA: assistant: call\ntool zoom_in: <image>\n"
+                                      "assistant: <answer>blue</answer>\nTruth: blue")

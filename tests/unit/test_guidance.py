@@ -9,7 +9,7 @@ from mmrl.answer_format import extract_answer
 from mmrl.config import ConfigError, load_config
 from mmrl.protocol import Batch
 from mmrl.run_config import prepare_run_config
-from mmrl.trainer.guidance import GUIDED, Guidance, all_wrong_groups, fill_behaviour, guide_text
+from mmrl.trainer.guidance import GUIDED, Guidance, all_wrong_groups, fill_behaviour
 
 EOS = 0
 
@@ -45,8 +45,6 @@ def scored_batch(width: int = 40) -> tuple[Batch, torch.Tensor, torch.Tensor]:
 def test_all_wrong_groups_are_the_groups_with_no_right_sample_of_two_or_more():
     correct = torch.tensor([0, 0, 1, 0, 0, 0, 0])
     assert all_wrong_groups(["a", "a", "b", "b", "c", "c", "d"], correct) == [[0, 1], [4, 5]]  # d: alone, no group
-    assert guide_text("red", {}) == "<answer>red</answer>"
-    assert guide_text("red", {"guide": "it is <answer>red</answer>"}) == "it is <answer>red</answer>"
 
 
 def test_each_all_wrong_group_s_last_sample_becomes_its_guide():
@@ -75,6 +73,10 @@ def test_a_guide_the_verifier_refuses_or_that_does_not_fit_is_not_used():
     narrow, scores, correct = scored_batch(width=8)  # "<answer>red</answer>" and its end token: 21 tokens
     out, *_, metrics = Guidance(encode).apply(narrow, scores, correct, verify)
     assert not out[GUIDED].any() and metrics["guide/too_long"] == 2
+    batch, scores, correct = scored_batch()
+    batch.objects["extra"] = [{}] * 6 + [{"guide": ["a call", "<answer>7</answer>"]}] * 3  # an agent episode's turns
+    with pytest.raises(ValueError, match="row g2: extra\\['guide'\\] lists 2 turns, but the run's rollouts are single-turn"):
+        Guidance(encode).apply(batch, scores, correct, verify)
 
 
 def test_a_guide_s_behaviour_log_probs_are_the_old_ones_so_its_weight_is_one():
@@ -92,7 +94,9 @@ def test_a_guide_s_behaviour_log_probs_are_the_old_ones_so_its_weight_is_one():
 
 def test_guidance_config_rules():
     prepare_run_config(load_config(None, ["trainer.guide_unsolved=true"]))
-    with pytest.raises(ConfigError, match="a guide would have to be a whole episode"):
-        prepare_run_config(load_config(None, ["trainer.guide_unsolved=true", "rollout.agent.enabled=true"]))
+    prepare_run_config(load_config(None, ["trainer.guide_unsolved=true", "rollout.agent.enabled=true"]))
+    with pytest.raises(ConfigError, match="a guide episode runs its tools on the rank that holds the prompt"):
+        prepare_run_config(load_config(None, ["trainer.guide_unsolved=true", "rollout.agent.enabled=true",
+                                              "trainer.mode=async"]))
     with pytest.raises(ConfigError, match="a guide has no engine log-probs"):
         prepare_run_config(load_config(None, ["trainer.guide_unsolved=true", "actor.old_log_probs=rollout"]))
