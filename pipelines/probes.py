@@ -127,12 +127,15 @@ class ProbedJudge(JudgeWorker):
         return os.getpid()
 
 
-def script_calls(agent: Any) -> None:
+ZOOM_TOP_LEFT = ("zoom_in", {"bbox_2d": [0, 0, 28, 28]})
+
+
+def script_calls(agent: Any, call: tuple[str, dict] = ZOOM_TOP_LEFT) -> None:
     """Decide for a random model when its agent calls a tool: a policy turn whose text has an even number of
-    characters calls ``zoom_in`` on the top-left quarter of the episode's first image; the others answer. (A random
-    tiny model never writes a well-formed call itself.) A turn that writes a call or an answer in the trained format
-    (a guide episode's) is parsed as it is. Everything after the decision is the real agent loop: the tool's worker
-    process, the tool turn, its encoding, the holes."""
+    characters makes ``call`` (by default ``zoom_in`` on the top-left quarter of the episode's first image); the
+    others answer. (A random tiny model never writes a well-formed call itself.) A turn that writes a call or an
+    answer in the trained format (a guide episode's) is parsed as it is. Everything after the decision is the real
+    agent loop: the tool's worker process, the tool turn, its encoding, the holes."""
     from mmrl.agent.calls import ToolCall
 
     if agent is None:
@@ -142,7 +145,7 @@ def script_calls(agent: Any) -> None:
     def scripted(text: str) -> list:
         if "<tool_call>" in text or "<answer>" in text:
             return parse(text)
-        return [ToolCall("zoom_in", {"bbox_2d": [0, 0, 28, 28]})] if len(text) % 2 == 0 else []
+        return [ToolCall(*call)] if len(text) % 2 == 0 else []
 
     agent.table.parse = scripted
 
@@ -150,16 +153,43 @@ def script_calls(agent: Any) -> None:
 class ScriptedCallsActor(ProbedActor):
     """The probed hybrid worker whose agent's calls are scripted (:func:`script_calls`)."""
 
+    scripted_call: tuple[str, dict] = ZOOM_TOP_LEFT
+
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self, *args: Any, **kwargs: Any) -> int:
         count = super().init_model(*args, **kwargs)
-        script_calls(self.agent)
+        script_calls(self.agent, self.scripted_call)
         return count
 
     @register(Dispatch.ONE_TO_ALL)
     def held_contexts(self) -> list[str]:
         """The context keys of the agent samples this rank holds."""
         return sorted(key for key in self.prompt_cache.by_uid if "#" in key)
+
+
+class DyingEpisodeActor(ScriptedCallsActor):
+    """Calls the test tool that returns an image (``tests/fixtures/agent_tools/faulty.py:misbehave``, so that a video
+    prompt's episode gets image turns), and on rank 0 kills its own process in the middle of an episode of the
+    run's second step (its policy turn done, its tool turn not), once per run: it leaves
+    ``<trainer.out_dir>/agent_rank_died`` behind, and the rebuilt group's ranks find it and live."""
+
+    scripted_call = ("misbehave", {"action": "image"})
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self, cfg: Any, *args: Any, **kwargs: Any) -> int:
+        count = super().init_model(cfg, *args, **kwargs)
+        marker = os.path.join(cfg.trainer.out_dir, "agent_rank_died")
+        loop = self.agent.loop
+        tool_turn = loop._tool_turn
+
+        def dying(episodes: list, stats: Any) -> None:
+            if self.rank == 0 and self.version >= 1 and not os.path.exists(marker):
+                open(marker, "w").close()
+                os._exit(1)
+            tool_turn(episodes, stats)
+
+        loop._tool_turn = dying
+        return count
 
 
 class ScriptedCallsRollout(RolloutWorker):

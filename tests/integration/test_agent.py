@@ -19,11 +19,16 @@ from mmrl.models.loading import load_model, load_processor, save_checkpoint
 from mmrl.tracking import Tracker
 from mmrl.trainer.async_rl import AsyncRLTrainer
 from mmrl.trainer.rl import RLTrainer
-from pipelines.probes import ScriptedCallsActor, ScriptedCallsRollout
+from pipelines import data as data_stage
+from pipelines.probes import DyingEpisodeActor, ScriptedCallsActor, ScriptedCallsRollout
 
 
 class ScriptedTrainer(RLTrainer):
     actor_worker = ScriptedCallsActor  # decides when the random model calls zoom_in (see script_calls)
+
+
+class DyingEpisodeTrainer(RLTrainer):
+    actor_worker = DyingEpisodeActor  # calls a tool that returns an image; dies mid-episode once
 
 
 class ScriptedAsyncTrainer(AsyncRLTrainer):
@@ -126,3 +131,33 @@ def test_async_grpo_trains_on_episodes_the_rollout_pool_ran(tiny_config, turn_en
     metrics = MlflowClient(cfg.tracking.uri).get_run(tracker.run_id).data.metrics
     check_episodes_trained(metrics)
     assert metrics["async/staleness_max"] == 0
+
+
+def test_lora_agent_episodes_on_video_prompts_recover_from_a_rank_killed_mid_episode(tiny_config, turn_ending_model_dir,
+                                                                                      tmp_path):
+    """Video prompts whose episodes get image turns from a tool, a LoRA policy, and a rank that dies between a
+    policy turn and its tool turn in step 2: the driver rebuilds the group from step 1's checkpoint and finishes,
+    the rollout's and the trainer's log-probs agreeing within 1e-4 on those episodes."""
+    data_stage.main(["--config", "", f"data.dir={tmp_path / 'video'}", "data.tasks={first_colour: 1.0}",
+                     "data.sizes={train: 8, val: 4}", "data.video_size=56"])
+    cfg = agent_config(tiny_config, turn_ending_model_dir)
+    cfg.data.dir = str(tmp_path / "video")
+    cfg.rollout.agent.tools = ["zoom_in", "tests/fixtures/agent_tools/faulty.py:misbehave"]
+    cfg.actor.lora.rank, cfg.actor.lora.alpha = 4, 8.0
+    cfg.trainer.steps, cfg.trainer.save_every = 3, 1
+    trainer = DyingEpisodeTrainer(cfg)
+    tracker = Tracker(cfg, cfg.trainer.experiment, "agent-recovery", stage="rl")
+    try:
+        trainer.fit(tracker)
+        tracker.finish()
+    finally:
+        trainer.close()
+    assert (Path(cfg.trainer.out_dir) / "agent_rank_died").is_file()  # it died, mid-episode
+    assert trainer.restarts == 1 and trainer.step_no == 3
+    client = MlflowClient(cfg.tracking.uri)
+    (restart,) = client.get_metric_history(tracker.run_id, "trainer/restarts")
+    assert restart.step == 2  # step 2 ran again, from step 1's checkpoint
+    metrics = client.get_run(tracker.run_id).data.metrics
+    assert metrics["agent/tool_calls/misbehave"] > 0 and metrics["agent/tool_errors"] == 0
+    assert metrics["rollout/logprob_diff_max"] < 1e-4  # video pixels, then the tool's images, in one episode
+    assert metrics["actor/pg_loss"] != 0
