@@ -74,11 +74,12 @@ demo: $(STAMP)
 
 # A benchmark, not a test: mmrl against TRL's GRPOTrainer on the same GRPO work (bench-peer), then step time,
 # memory and bytes per layout (about 3.5 min on 2 cores), then the rollout engines (hf vs vllm) side by side,
-# then video data prep and an image vs a video RL step.
+# then video data prep and an image vs a video RL step, then the encoding of an agent episode's later turn.
 bench: bench-peer
 	$(STAGE).bench --config configs/bench.yaml $(ARGS)
 	$(STAGE).bench_engines --config configs/bench_engines.yaml $(ARGS)
 	$(STAGE).bench_media --config configs/bench_engines.yaml $(ARGS)
+	$(STAGE).bench_agent --config configs/agent_demo.yaml
 
 # mmrl vs TRL's GRPOTrainer, same model and work, samples/s and their ratio (about 4 min on 2 cores). TRL is
 # installed here, never by `make install`.
