@@ -7,6 +7,7 @@ modules and tokens."""
 
 from __future__ import annotations
 
+import copy
 import typing
 
 import pytest
@@ -137,6 +138,48 @@ def test_rollout_and_training_see_the_same_ids_positions_and_log_probs(loaded):
                                     banned_ids=vision_token_ids(processor), temperature=1.0, device=CPU,
                                     share_prompt=share)
         torch.testing.assert_close(logp.detach(), out.log_probs * mask, atol=1e-4, rtol=0)
+
+
+def test_agent_episodes_with_a_tool_image_score_as_they_were_sampled(loaded):
+    """A family's agent episodes (a zoom call scripted into every turn, the real zoom tool inline, its image
+    encoded by the family's chat format) scored by the trainer's batched pass give the engine's log-probs."""
+    from mmrl.agent.calls import ToolCall
+    from mmrl.agent.chat import ChatFormat
+    from mmrl.agent.episode import EpisodeLimits
+    from mmrl.agent.executor import ToolExecutor
+    from mmrl.agent.loop import AgentLoop, response_batch
+    from mmrl.agent.outputs import ToolLimits
+    from mmrl.agent.table import build_tool_table
+
+    name, model, processor = loaded
+    chat = ChatFormat(processor)
+    model = copy.deepcopy(model)  # its end-of-turn row along its typical final state: turns end after a few tokens
+    with torch.no_grad():
+        probe = encode_prompt(processor, [{"role": "user", "content": "What colour?"}], [])
+        final = model(**collate([probe], processor.tokenizer.pad_token_id), output_hidden_states=True
+                      ).hidden_states[-1][0].mean(0)
+        head = model.get_output_embeddings().weight
+        head[processor.tokenizer.eos_token_id] = 2.0 * final / final.norm()
+    with ToolExecutor(isolation="inline") as executor:
+        table = build_tool_table(["zoom_in"], executor)
+        table.parse = lambda text: [ToolCall("zoom_in", {"bbox_2d": [0, 0, 28, 28]})]
+        messages = chat.with_tools([{"role": "user", "content": "<image>What colour is the corner?"}],
+                                   table.definitions())
+        prompt = encode_prompt(processor, messages, [square((200, 30, 30), 112)], name="p")
+        loop = AgentLoop(HFRolloutEngine(model, processor, CPU), chat, table, executor,
+                         limits=EpisodeLimits(max_turns=2, max_tokens=4000, max_new_tokens=8),
+                         tool_limits=ToolLimits(max_pixels=56 * 56))
+        torch.manual_seed(0)
+        episodes, _ = loop.run([prompt], SamplingParams(n=4, max_new_tokens=8))
+    # Some episodes called the tool, got its image back and took a second turn after it.
+    assert any(len(e.calls) == 1 and len(e.images) == 2 and len(e.turns) == 3 for e in episodes), name
+    batch = response_batch(episodes, processor.tokenizer.pad_token_id)
+    logp, _ = response_logprobs(PolicyForward(model), [e.scoring_context() for e in episodes], batch["responses"],
+                                batch["response_mask"], pad_token_id=processor.tokenizer.pad_token_id,
+                                banned_ids=vision_token_ids(processor), temperature=1.0, device=CPU,
+                                policy_mask=batch["policy_mask"])
+    at = batch["policy_mask"] > 0
+    torch.testing.assert_close(logp.detach()[at], batch["rollout_log_probs"][at], atol=1e-4, rtol=0)
 
 
 def test_the_vision_pass_reaches_every_tower_weight(loaded):
