@@ -615,8 +615,9 @@ class TrainerConfig:
     """Draw a prompt never solved so far (every sample of every group wrong) with this probability (1: off)."""
     guide_unsolved: bool = False
     """A group whose every sample is wrong gets its row's known-good response (``extra["guide"]``, else the answer
-    in the trained format) in place of its last sample (LUFFY-style off-policy guidance, importance weight 1 with
-    respect to the policy before the update: :mod:`mmrl.trainer.guidance`). Off by default until measured."""
+    in the trained format; with agent rollouts a whole episode, its policy turns the guide's, its tool turns the
+    real tools') in place of its last sample (LUFFY-style off-policy guidance, importance weight 1 with respect to
+    the policy before the update: :mod:`mmrl.trainer.guidance`). Off by default until measured."""
     mode: Literal["sync", "async"] = "sync"
     """sync: generate, score, update, one after the other on the trainer's workers. async: a rollout pool
     (``rollout.num_workers``) generates the next batches while the trainer updates, with weights at most
