@@ -9,7 +9,8 @@ import ray
 import torch
 
 from mmrl.models.encoding import collate, encode_prompt, vision_token_ids
-from mmrl.models.loading import load_model, load_processor
+from mmrl.models.forward import ValueModel
+from mmrl.models.loading import load_model, load_processor, save_checkpoint
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -38,6 +39,23 @@ def greedy_one_at_a_time(checkpoint, prompts: Sequence[tuple[list[dict], list]],
             tokens = tokens[: tokens.index(tok.eos_token_id) + 1]
         texts.append(tok.decode(tokens, skip_special_tokens=False))
     return texts
+
+
+def build_random_reward_model(policy_dir: Path, out: Path) -> Path:
+    """The policy at ``policy_dir`` as a reward model (its backbone, so its tokenizer) with a random, non-zero head,
+    saved at ``out``."""
+    model = load_model(policy_dir)
+    root = ValueModel.from_policy(model)
+    torch.manual_seed(0)
+    torch.nn.init.normal_(root.value_head.weight, std=0.5)
+    path = save_checkpoint(model, load_processor(policy_dir), out)
+    root.save_head(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def random_reward_model() -> Callable[[Path, Path], Path]:
+    return build_random_reward_model
 
 
 @pytest.fixture

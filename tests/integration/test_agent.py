@@ -10,12 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 from mlflow.tracking import MlflowClient
 
 from data_prep.zoom_task import write_zoom_splits
-from mmrl.models.forward import ValueModel
-from mmrl.models.loading import load_model, load_processor, save_checkpoint
 from mmrl.tracking import Tracker
 from mmrl.trainer.async_rl import AsyncRLTrainer
 from mmrl.trainer.rl import RLTrainer
@@ -36,15 +33,10 @@ class ScriptedAsyncTrainer(AsyncRLTrainer):
 
 
 @pytest.fixture(scope="module")
-def agent_reward_model_dir(turn_ending_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def agent_reward_model_dir(turn_ending_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+                           random_reward_model) -> Path:
     """The agent runs' policy as a reward model (the same tokenizer) with a random, non-zero head."""
-    model = load_model(turn_ending_model_dir)
-    root = ValueModel.from_policy(model)
-    torch.manual_seed(0)
-    torch.nn.init.normal_(root.value_head.weight, std=0.5)
-    path = save_checkpoint(model, load_processor(turn_ending_model_dir), tmp_path_factory.mktemp("agent-rm") / "rm")
-    root.save_head(path)
-    return path
+    return random_reward_model(turn_ending_model_dir, tmp_path_factory.mktemp("agent-rm") / "rm")
 
 
 def agent_config(cfg, model_dir: Path, engine: str = "hf"):
@@ -61,6 +53,20 @@ def agent_config(cfg, model_dir: Path, engine: str = "hf"):
     cfg.trainer.steps, cfg.trainer.val_size, cfg.trainer.eval_every = 2, 4, 0
     cfg.actor.old_log_probs = "recompute"  # so that the rollout's and the trainer's log-probs are compared
     return cfg
+
+
+def fit(trainer: RLTrainer, name: str, probe=None) -> tuple[Tracker, object]:
+    """Run ``trainer`` to its last step under an MLflow run named ``name``; (its tracker, ``probe(trainer)`` taken
+    before the workers are shut down)."""
+    cfg = trainer.cfg
+    tracker = Tracker(cfg, cfg.trainer.experiment, name, stage="rl")
+    try:
+        trainer.fit(tracker)
+        probed = probe(trainer) if probe is not None else None
+        tracker.finish()
+    finally:
+        trainer.close()
+    return tracker, probed
 
 
 def check_episodes_trained(metrics: dict[str, float]) -> None:
@@ -87,14 +93,7 @@ def test_ppo_on_two_ranks_trains_and_values_episodes_whose_tool_turns_are_holes(
     cfg.rollout.agent.max_new_tokens = 96  # the guide's call is 86 tokens of this tokenizer
     cfg.reward.model.path, cfg.reward.model.weight = str(agent_reward_model_dir), 0.5
     cfg.reward.judge.path, cfg.reward.judge.max_new_tokens = str(turn_ending_model_dir), 4
-    trainer = ScriptedTrainer(cfg)
-    tracker = Tracker(cfg, cfg.trainer.experiment, "agent", stage="rl")
-    try:
-        trainer.fit(tracker)
-        held = trainer.workers.held_contexts()
-        tracker.finish()
-    finally:
-        trainer.close()
+    tracker, held = fit(ScriptedTrainer(cfg), "agent", lambda trainer: trainer.workers.held_contexts())
     # Each rank scored and trained the episodes it generated, from the contexts it holds (a rank asked for a
     # context it does not hold fails the pass).
     assert all(keys for keys in held) and not set(held[0]) & set(held[1])
@@ -121,13 +120,7 @@ def test_async_grpo_trains_on_episodes_the_rollout_pool_ran(tiny_config, turn_en
     came with the samples) with the weights that drew them, to the engine's log-probs within 1e-4."""
     cfg = agent_config(tiny_config, turn_ending_model_dir)
     cfg.trainer.mode, cfg.trainer.max_staleness = "async", 0
-    trainer = ScriptedAsyncTrainer(cfg)
-    tracker = Tracker(cfg, cfg.trainer.experiment, "agent-async", stage="rl")
-    try:
-        trainer.fit(tracker)
-        tracker.finish()
-    finally:
-        trainer.close()
+    tracker, _ = fit(ScriptedAsyncTrainer(cfg), "agent-async")
     metrics = MlflowClient(cfg.tracking.uri).get_run(tracker.run_id).data.metrics
     check_episodes_trained(metrics)
     assert metrics["async/staleness_max"] == 0
@@ -146,12 +139,7 @@ def test_lora_agent_episodes_on_video_prompts_recover_from_a_rank_killed_mid_epi
     cfg.actor.lora.rank, cfg.actor.lora.alpha = 4, 8.0
     cfg.trainer.steps, cfg.trainer.save_every = 3, 1
     trainer = DyingEpisodeTrainer(cfg)
-    tracker = Tracker(cfg, cfg.trainer.experiment, "agent-recovery", stage="rl")
-    try:
-        trainer.fit(tracker)
-        tracker.finish()
-    finally:
-        trainer.close()
+    tracker, _ = fit(trainer, "agent-recovery")
     assert (Path(cfg.trainer.out_dir) / "agent_rank_died").is_file()  # it died, mid-episode
     assert trainer.restarts == 1 and trainer.step_no == 3
     client = MlflowClient(cfg.tracking.uri)

@@ -14,8 +14,7 @@ from safetensors.torch import load_file
 from mmrl.answer_format import format_answer
 from mmrl.config import load_config
 from mmrl.controller import ResourcePool, WorkerGroup
-from mmrl.models.forward import ValueModel
-from mmrl.models.loading import load_model, load_processor, save_checkpoint
+from mmrl.models.loading import load_processor
 from mmrl.protocol import Batch
 from mmrl.rollout.samples import encode_rows
 from mmrl.schema import decode_images
@@ -33,15 +32,9 @@ TEXTS = ["<answer>red</answer>", "<answer>blue</answer>", "green", "<answer>3</a
 
 
 @pytest.fixture(scope="module")
-def reward_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def reward_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, random_reward_model) -> Path:
     """The tiny model as a reward model with a random (non-zero) head."""
-    model = load_model(tiny_model_dir)
-    root = ValueModel.from_policy(model)
-    torch.manual_seed(0)
-    torch.nn.init.normal_(root.value_head.weight, std=0.5)
-    path = save_checkpoint(model, load_processor(tiny_model_dir), tmp_path_factory.mktemp("rm") / "checkpoint")
-    root.save_head(path)
-    return path
+    return random_reward_model(tiny_model_dir, tmp_path_factory.mktemp("rm") / "checkpoint")
 
 
 RM_STAGE = ["rm.steps=3", "rm.batch_size=8", "rm.pairs_per_prompt=2", "rm.warmup_steps=0", "rm.lr=1e-2",
