@@ -1,9 +1,10 @@
 """Agent rollouts in real runs whose episodes hold tool turns with images (holes in the policy mask): PPO on 2
 ranks, scored and trained where they were generated and valued by a critic that gets their contexts with the
-samples, with the agent's metrics, the rollout HTML, off-policy guidance (each all-wrong group's guide episode
-run with the real tool on the rank that holds its prompt) and a reward model and a judge that score each episode
-whole (the reward model from its context, tool images included; the judge from its transcript); and GRPO in
-async mode, its episodes run on the rollout pool and trained on the trainer's rank."""
+samples, with the agent's metrics, the rollout HTML and off-policy guidance (each all-wrong group's guide episode
+run with the real tool on the rank that holds its prompt); GRPO in async mode, its episodes run on the rollout pool
+and trained on the trainer's rank; and GRPO with LoRA on video prompts, a reward model and a judge that score each
+episode whole (the reward model from its context, tool images included; the judge from its transcript), through
+a rank's death mid-episode."""
 
 from __future__ import annotations
 
@@ -81,8 +82,7 @@ def check_episodes_trained(metrics: dict[str, float]) -> None:
 # vLLM runs the same loop through the engine interface; its run costs a vLLM start: `make test-extra`.
 @pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.extra)])
 def test_ppo_on_two_ranks_trains_and_values_episodes_whose_tool_turns_are_holes(engine, tiny_config,
-                                                                               turn_ending_model_dir,
-                                                                               agent_reward_model_dir, tmp_path):
+                                                                               turn_ending_model_dir, tmp_path):
     cfg = agent_config(tiny_config, turn_ending_model_dir, engine)
     cfg.algorithm.name = "ppo"
     cfg.resources.num_workers = 2
@@ -91,8 +91,6 @@ def test_ppo_on_two_ranks_trains_and_values_episodes_whose_tool_turns_are_holes(
     write_zoom_splits(tmp_path / "zoom", {"train": 8, "val": 4}, seed=0)
     cfg.data.dir, cfg.trainer.guide_unsolved = str(tmp_path / "zoom"), True
     cfg.rollout.agent.max_new_tokens = 96  # the guide's call is 86 tokens of this tokenizer
-    cfg.reward.model.path, cfg.reward.model.weight = str(agent_reward_model_dir), 0.5
-    cfg.reward.judge.path, cfg.reward.judge.max_new_tokens = str(turn_ending_model_dir), 4
     tracker, held = fit(ScriptedTrainer(cfg), "agent", lambda trainer: trainer.workers.held_contexts())
     # Each rank scored and trained the episodes it generated, from the contexts it holds (a rank asked for a
     # context it does not hold fails the pass).
@@ -106,11 +104,6 @@ def test_ppo_on_two_ranks_trains_and_values_episodes_whose_tool_turns_are_holes(
     # A guide ran its call through the real tool on the rank that held its prompt, was verified and trained on
     # (its behaviour log-probs the trainer's own: logprob_diff above stays within 1e-4).
     assert metrics["train/acc"] == 0 and metrics["guide/groups"] == 1 and metrics["guide/rejected"] == 0
-    # The reward model scored every episode from its context (a context missing on its rank fails the pass) and
-    # the judge gave its verdicts; the training reward is their weighted sum with the rule's.
-    parts = (metrics["reward/score/mean"] + 0.5 * metrics["reward/model/score"]
-             + metrics["reward/judge/score"])
-    assert metrics["reward/model/std"] > 0 and metrics["reward/score/total"] == pytest.approx(parts, abs=1e-5)
     html = Path(client.download_artifacts(run.info.run_id, "rollouts/step_00002.html", str(tmp_path))).read_text()
     assert "<b>tool</b> zoom_in" in html and "data:image/png;base64" in html
 
@@ -127,21 +120,24 @@ def test_async_grpo_trains_on_episodes_the_rollout_pool_ran(tiny_config, turn_en
 
 
 def test_lora_agent_episodes_on_video_prompts_recover_from_a_rank_killed_mid_episode(tiny_config, turn_ending_model_dir,
-                                                                                      tmp_path):
-    """Video prompts whose episodes get image turns from a tool, a LoRA policy, and a rank that dies between a
-    policy turn and its tool turn in step 2: the driver rebuilds the group from step 1's checkpoint and finishes,
-    the rollout's and the trainer's log-probs agreeing within 1e-4 on those episodes."""
+                                                                                      agent_reward_model_dir, tmp_path):
+    """Video prompts whose episodes get image turns from a tool, a LoRA policy, a reward model and a judge beside the
+    rule reward, and a rank that dies between a policy turn and its tool turn in step 2: the driver rebuilds the
+    groups from step 1's checkpoint and finishes, the rollout's and the trainer's log-probs agreeing within 1e-4 on
+    those episodes."""
     data_stage.main(["--config", "", f"data.dir={tmp_path / 'video'}", "data.tasks={first_colour: 1.0}",
                      "data.sizes={train: 8, val: 4}", "data.video_size=56"])
     cfg = agent_config(tiny_config, turn_ending_model_dir)
     cfg.data.dir = str(tmp_path / "video")
     cfg.rollout.agent.tools = ["zoom_in", "tests/fixtures/agent_tools/faulty.py:misbehave"]
     cfg.actor.lora.rank, cfg.actor.lora.alpha = 4, 8.0
-    cfg.trainer.steps, cfg.trainer.save_every = 3, 1
+    cfg.reward.model.path, cfg.reward.model.weight = str(agent_reward_model_dir), 0.5
+    cfg.reward.judge.path, cfg.reward.judge.max_new_tokens = str(turn_ending_model_dir), 4
+    cfg.trainer.steps, cfg.trainer.save_every = 2, 1
     trainer = DyingEpisodeTrainer(cfg)
     tracker, _ = fit(trainer, "agent-recovery")
     assert (Path(cfg.trainer.out_dir) / "agent_rank_died").is_file()  # it died, mid-episode
-    assert trainer.restarts == 1 and trainer.step_no == 3
+    assert trainer.restarts == 1 and trainer.step_no == 2
     client = MlflowClient(cfg.tracking.uri)
     (restart,) = client.get_metric_history(tracker.run_id, "trainer/restarts")
     assert restart.step == 2  # step 2 ran again, from step 1's checkpoint
@@ -149,3 +145,7 @@ def test_lora_agent_episodes_on_video_prompts_recover_from_a_rank_killed_mid_epi
     assert metrics["agent/tool_calls/misbehave"] > 0 and metrics["agent/tool_errors"] == 0
     assert metrics["rollout/logprob_diff_max"] < 1e-4  # video pixels, then the tool's images, in one episode
     assert metrics["actor/pg_loss"] != 0
+    # The reward model scored every episode from its context (tool images included; a context missing on its rank
+    # fails the pass) and the judge read each transcript; the training reward is their weighted sum with the rule's.
+    parts = metrics["reward/score/mean"] + 0.5 * metrics["reward/model/score"] + metrics["reward/judge/score"]
+    assert metrics["reward/model/std"] > 0 and metrics["reward/score/total"] == pytest.approx(parts, abs=1e-5)
