@@ -137,13 +137,14 @@ def script_calls(agent: Any, call: tuple[str, dict] = ZOOM_TOP_LEFT) -> None:
     answer in the trained format (a guide episode's) is parsed as it is. Everything after the decision is the real
     agent loop: the tool's worker process, the tool turn, its encoding, the holes."""
     from mmrl.agent.calls import ToolCall
+    from mmrl.answer_format import ANY_TAG
 
     if agent is None:
         return
     parse = agent.table.parse
 
     def scripted(text: str) -> list:
-        if "<tool_call>" in text or "<answer>" in text:
+        if "<tool_call>" in text or ANY_TAG.search(text):
             return parse(text)
         return [ToolCall(*call)] if len(text) % 2 == 0 else []
 
