@@ -39,20 +39,26 @@ def judge_messages(messages: Sequence[dict[str, Any]], response: str, ground_tru
     return [{"role": "user", "content": placeholders + body}]
 
 
+def plain_text(text: str) -> str:
+    """``text`` with its media placeholders blanked: a response or a tool's text that writes ``<image>`` must not
+    ask the judge for an image it is not given."""
+    return _MEDIA.sub(" ", text)
+
+
 def episode_transcript(record: dict[str, Any]) -> tuple[str, list[bytes]]:
     """An agent episode (:func:`mmrl.agent.rollout.episode_record`) as the judge reads it: its turns in order,
     ``assistant: <text>`` for the policy's and ``tool <name>: <text>`` plus one image placeholder per returned image
-    for each call a tool turn answers (a malformed call: its error message); and the tools' images (PNG bytes), in
-    the order of their placeholders."""
+    for each call a tool turn answers (a malformed call: its error message), the texts' own placeholders blanked;
+    and the tools' images (PNG bytes), in the order of their placeholders."""
     lines, images = [], []
     for turn in record["turns"]:
         if turn["role"] == "assistant":
-            lines.append(f"assistant: {turn['text']}")
+            lines.append(f"assistant: {plain_text(turn['text'])}")
             continue
         for index in turn["calls"]:
             call = record["calls"][index]
             lines.append(f"tool {call['name'] or call.get('error', 'call')}: "
-                         + IMAGE_PLACEHOLDER * len(call["images"]) + call["text"])
+                         + IMAGE_PLACEHOLDER * len(call["images"]) + plain_text(call["text"]))
             images += call["images"]
     return "\n".join(lines), images
 

@@ -126,7 +126,7 @@ class AgentRollout:
         the step can use), and the scoring contexts."""
         names = [f"{p.name}#guide{i}" for i, p in enumerate(prompts)]  # a prompt may be guided twice in one call
         named = [dataclasses.replace(p, name=name) for p, name in zip(prompts, names)]
-        engine = ScriptedTurns(dict(zip(names, scripts)), self.processor.tokenizer, self.loop.max_model_len)
+        engine = ScriptedTurns(dict(zip(names, scripts)), self.processor.tokenizer)
         loop = AgentLoop(engine, self.chat, self.table, self.executor, limits=self.loop.limits,
                          tool_limits=self.loop.tool_limits, max_model_len=self.loop.max_model_len)
         episodes, _ = loop.run(named, SamplingParams(n=1, max_new_tokens=self.loop.limits.max_new_tokens),

@@ -28,9 +28,9 @@ class ScriptedTurns:
     scripted turn of a name was served.
     """
 
-    def __init__(self, scripts: Mapping[str, Sequence[str]], tokenizer: Any, max_model_len: int) -> None:
+    def __init__(self, scripts: Mapping[str, Sequence[str]], tokenizer: Any) -> None:
         self.scripts = {name: list(turns) for name, turns in scripts.items()}
-        self.tokenizer, self.max_model_len = tokenizer, max_model_len
+        self.tokenizer = tokenizer
         self.served = dict.fromkeys(self.scripts, 0)
 
     def turn_ids(self, text: str) -> torch.Tensor:

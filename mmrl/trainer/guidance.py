@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from mmrl.answer_format import format_answer
+from mmrl.controller.dispatch import MEDIA_KEYS
 from mmrl.protocol import Batch
 
 GUIDED = "guided"
@@ -113,8 +114,7 @@ class Guidance:
         whole script within the episode budgets."""
         if not rows:
             return batch, []
-        media = [key for key in ("messages", "images", "videos") if key in batch.objects]
-        asked = batch.select(rows).select_fields(optional=("uid", *media))
+        asked = batch.select(rows).select_fields(optional=("uid", *MEDIA_KEYS))
         asked.objects["guide_turns"] = turns
         episodes = self.episodes(asked)  # type: ignore[misc]
         fits = [k for k, ok in enumerate(episodes["guide_complete"].tolist()) if ok > 0.5]

@@ -18,7 +18,7 @@ from mmrl.protocol import Batch
 from mmrl.rollout import RolloutEngine, SamplingParams, build_rollout_engine
 from mmrl.rollout.samples import generate_samples
 from mmrl.workers.model_builder import build_model
-from rewards.judge import check_template, episode_transcript, judge_messages, parse_verdict
+from rewards.judge import check_template, episode_transcript, judge_messages, parse_verdict, plain_text
 
 JUDGED = ("messages", "images", "response_text", "answer")
 
@@ -54,7 +54,7 @@ class JudgeWorker(Worker):
         judge_text (the judge's answers). An agent episode (``episode``) is judged whole: its response is the
         episode's transcript, the tools' images following the prompt's (:func:`episode_transcript`)."""
         batch.require(*JUDGED)
-        responses, images = list(batch["response_text"]), list(batch["images"])
+        responses, images = [plain_text(r) for r in batch["response_text"]], list(batch["images"])
         if "episode" in batch.objects:
             for i, record in enumerate(batch["episode"]):
                 responses[i], returned = episode_transcript(record)

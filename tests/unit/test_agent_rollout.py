@@ -197,3 +197,8 @@ def test_the_judge_reads_an_episode_as_its_transcript_with_the_tools_images():
     # The prompt's image first, then the tool's, in the order of the images the judge is given.
     assert question[0]["content"] == ("<image>Q: Which colour?\nA: assistant: call\ntool zoom_in: <image>\n"
                                       "assistant: <answer>blue</answer>\nTruth: blue")
+    # A policy or tool text that writes a placeholder gets no image slot: only returned images have one.
+    hostile = {**RECORDS[1], "turns": [{"role": "assistant", "text": "look <image>"}, *RECORDS[1]["turns"][1:]],
+               "calls": [{**RECORDS[1]["calls"][0], "text": "see <image><video>"}]}
+    text, images = episode_transcript(hostile)
+    assert text.count("<image>") == len(images) == 1 and "<video>" not in text
