@@ -264,15 +264,17 @@ def demonstration(row: dict[str, Any], image: Image.Image, spec: ZoomTaskSpec, t
 
 
 def generate_zoom_rows(num: int, seed: int, spec: ZoomTaskSpec, id_prefix: str, seen: set[str] | None = None,
-                       demonstrations: bool = False, call_share: float = 1.0, call_cells: str = "question"
-                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ZoomReport]:
+                       demonstrations: bool = False, call_share: float = 1.0, call_cells: str = "question",
+                       direct_share: float = 0.0) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ZoomReport]:
     """``num`` rows (whose images are not in ``seen``, which is updated), the quarantined ones (id, kind, reason,
-    extra) and the counts; with ``demonstrations``, each a demonstrated episode whose call is trained on
+    extra) and the counts; with ``demonstrations``, ``direct_share`` of them (spread evenly) stay plain rows,
+    answered from the full view, and the others are demonstrated episodes whose call is trained on
     ``call_share`` of them, spread evenly, and zooms there on the question's cell (``call_cells="question"``)
     or on a cell drawn at random (``"random"``: the format taught, not where to zoom). Raises ValueError when
     too few rows pass the checks."""
-    if not 0.0 <= call_share <= 1.0:
-        raise ValueError(f"zoom task: call_share={call_share} must be in [0, 1]")
+    for name, share in (("call_share", call_share), ("direct_share", direct_share)):
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"zoom task: {name}={share} must be in [0, 1]")
     if call_cells not in CALL_CELLS:
         raise ValueError(f"zoom task: call_cells={call_cells!r} must be one of {CALL_CELLS}")
     cells = random.Random(f"{seed}-call-cells")  # its own stream: the boards do not depend on call_cells
@@ -297,13 +299,20 @@ def generate_zoom_rows(num: int, seed: int, spec: ZoomTaskSpec, id_prefix: str, 
             continue
         prompt = IMAGE_PLACEHOLDER + QUESTION.format(kind=extra["kind"], cell=extra["cell"])
         row = make_row(row_id, prompt, [png], answer, DATA_SOURCE, extra)
-        k = report.written  # the k-th written row trains its call where the share's running count steps up
-        train_call = math.floor((k + 1) * call_share) > math.floor(k * call_share)
+        k = report.written
+        direct = _steps_up(k, direct_share)
+        train_call = _steps_up(k, call_share)
         elsewhere = (cells.randrange(spec.grid), cells.randrange(spec.grid)) if call_cells == "random" else None
         rows.append(demonstration(row, image, spec, train_call, elsewhere if train_call else None)
-                    if demonstrations else row)
+                    if demonstrations and not direct else row)
         report.written += 1
     return rows, quarantine, report
+
+
+def _steps_up(k: int, share: float) -> bool:
+    """Whether the k-th row is among ``share`` of the rows spread evenly: where the share's running count steps
+    up."""
+    return math.floor((k + 1) * share) > math.floor(k * share)
 
 
 _REASONS = {
@@ -314,25 +323,26 @@ _REASONS = {
 
 
 def build_zoom_splits(sizes: dict[str, int], seed: int, spec: ZoomTaskSpec = ZoomTaskSpec(),
-                      demo_splits: tuple[str, ...] = ("sft",), call_share: float = 1.0, call_cells: str = "question"
-                      ) -> dict[str, tuple[list, list, ZoomReport]]:
+                      demo_splits: tuple[str, ...] = ("sft",), call_share: float = 1.0, call_cells: str = "question",
+                      direct_share: float = 0.0) -> dict[str, tuple[list, list, ZoomReport]]:
     """Per split: its rows (demonstrations for ``demo_splits``, ``call_share`` of them with the call trained, on
     ``call_cells``: :func:`generate_zoom_rows`), its quarantined rows and its counts. Each split draws from its own
     derived seed, and no image occurs twice across the splits."""
     seen: set[str] = set()
     return {split: generate_zoom_rows(size, derive_seed(seed, TASK, split), spec, f"{split}-{TASK}", seen,
                                       demonstrations=split in demo_splits, call_share=call_share,
-                                      call_cells=call_cells)
+                                      call_cells=call_cells, direct_share=direct_share)
             for split, size in sizes.items()}
 
 
 def write_zoom_splits(out_dir: str | Path, sizes: dict[str, int], seed: int, spec: ZoomTaskSpec = ZoomTaskSpec(),
-                      demo_splits: tuple[str, ...] = ("sft",), call_share: float = 1.0, call_cells: str = "question"
-                      ) -> dict[str, ZoomReport]:
+                      demo_splits: tuple[str, ...] = ("sft",), call_share: float = 1.0, call_cells: str = "question",
+                      direct_share: float = 0.0) -> dict[str, ZoomReport]:
     """Write ``<out_dir>/<split>.parquet`` and ``<out_dir>/<split>.quarantine.jsonl`` per split; the counts."""
     out = Path(out_dir)
     reports = {}
-    for split, (rows, quarantine, report) in build_zoom_splits(sizes, seed, spec, demo_splits, call_share, call_cells).items():
+    for split, (rows, quarantine, report) in build_zoom_splits(sizes, seed, spec, demo_splits, call_share, call_cells,
+                                                                        direct_share).items():
         write_parquet(rows, out / f"{split}.parquet")
         path = out / f"{split}.quarantine.jsonl"
         tmp = path.with_name(f".{path.name}.tmp")

@@ -195,6 +195,9 @@ class DataConfig:
     zoom_call_share: float = num(1.0, ge=0, le=1)
     """Share of the zoom task's demonstrations (its ``sft`` split) whose ``zoom_in`` call is trained; the others
     show the call as context and train the answer only (reading the zoomed image), leaving where to zoom to RL."""
+    zoom_direct_share: float = num(0.0, ge=0, le=1)
+    """Share of the zoom task's ``sft`` rows that answer from the full view, without a call (spread evenly): SFT
+    then teaches both ways and leaves RL to teach when to zoom."""
     zoom_call_cells: Literal["question", "random"] = "question"
     """Where the trained calls zoom: on the question's cell, or on a random cell (their answers then context
     only): SFT teaches the call's format and reading the zoomed image, and RL alone where to zoom."""

@@ -163,6 +163,22 @@ def test_call_share_trains_the_call_of_that_share_of_demonstrations_spread_evenl
         generate_zoom_rows(1, seed=1, spec=SPEC, id_prefix="c", demonstrations=True, call_share=1.5)
 
 
+@pytest.mark.parametrize("share, direct", [(0.5, 4), (0.25, 2), (0.0, 0), (1.0, 8)])
+def test_direct_share_keeps_that_share_of_demonstrations_plain_answered_from_the_full_view(share: float,
+                                                                                          direct: int) -> None:
+    rows, _, _ = generate_zoom_rows(8, seed=1, spec=SPEC, id_prefix="d", demonstrations=True, direct_share=share)
+    episodes = generate_zoom_rows(8, seed=1, spec=SPEC, id_prefix="d", demonstrations=True)[0]
+    plain = generate_zoom_rows(8, seed=1, spec=SPEC, id_prefix="d")[0]
+    is_plain = [row == p for row, p in zip(rows, plain)]
+    assert sum(is_plain) == direct
+    assert all(row == (p if flag else e) for row, p, e, flag in zip(rows, plain, episodes, is_plain))
+    if share == 0.25:
+        assert is_plain == [False, False, False, True] * 2
+    for row, flag in zip(rows, is_plain):  # a plain row: the question alone, its one image, no call to train
+        assert (len(row["messages"]), len(row["images"])) == ((1, 1) if flag else (4, 2))
+    with pytest.raises(ValueError, match=r"direct_share=-0.1 must be in \[0, 1\]"):
+        generate_zoom_rows(1, seed=1, spec=SPEC, id_prefix="d", demonstrations=True, direct_share=-0.1)
+
 def test_random_call_cells_teach_the_format_on_other_cells_with_the_answer_as_context() -> None:
     rows, _, _ = generate_zoom_rows(16, seed=3, spec=SPEC, id_prefix="r", demonstrations=True, call_share=0.5,
                                     call_cells="random")
