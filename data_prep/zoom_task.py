@@ -33,7 +33,9 @@ tool itself) and the answer. :mod:`mmrl.agent.chat` encodes them (``ChatFormat.i
 below 1, only that share of them (spread evenly over the split) trains the call; the others show it as context
 (``extra["context_messages"]``), so SFT teaches reading the zoomed image on every demonstration and where to zoom
 on few. With ``call_cells="random"`` the trained calls zoom on a random cell and their answers are context: SFT
-then teaches the call's format and reading, and RL alone where to zoom.
+then teaches the call's format and reading, and RL alone where to zoom. With ``direct_share``, that share of the
+split (spread evenly) stays plain rows, the question answered from the full view without a call: SFT teaches
+both ways of answering, and RL which one pays (when to zoom).
 """
 
 from __future__ import annotations
