@@ -281,7 +281,7 @@ def generate_zoom_rows(num: int, seed: int, spec: ZoomTaskSpec, id_prefix: str, 
         raise ValueError(f"zoom task: call_cells={call_cells!r} must be one of {CALL_CELLS}")
     cells = random.Random(f"{seed}-call-cells")  # its own stream: the boards do not depend on call_cells
     rng, seen = random.Random(seed), set() if seen is None else seen
-    rows, quarantine, report = [], [], ZoomReport()
+    rows, quarantine, report, episodes = [], [], ZoomReport(), 0
     while report.written < num:
         if report.drawn >= 10 * num + 100:
             raise ValueError(f"zoom task: {report.summary()}; too few rows pass, change the spec ({spec})")
@@ -301,12 +301,12 @@ def generate_zoom_rows(num: int, seed: int, spec: ZoomTaskSpec, id_prefix: str, 
             continue
         prompt = IMAGE_PLACEHOLDER + QUESTION.format(kind=extra["kind"], cell=extra["cell"])
         row = make_row(row_id, prompt, [png], answer, DATA_SOURCE, extra)
-        k = report.written
-        direct = _steps_up(k, direct_share)
-        train_call = _steps_up(k, call_share)
         elsewhere = (cells.randrange(spec.grid), cells.randrange(spec.grid)) if call_cells == "random" else None
-        rows.append(demonstration(row, image, spec, train_call, elsewhere if train_call else None)
-                    if demonstrations and not direct else row)
+        if demonstrations and not _steps_up(report.written, direct_share):
+            train_call = _steps_up(episodes, call_share)  # call_share counts the demonstrated episodes only
+            row = demonstration(row, image, spec, train_call, elsewhere if train_call else None)
+            episodes += 1
+        rows.append(row)
         report.written += 1
     return rows, quarantine, report
 
@@ -327,8 +327,8 @@ _REASONS = {
 def build_zoom_splits(sizes: dict[str, int], seed: int, spec: ZoomTaskSpec = ZoomTaskSpec(),
                       demo_splits: tuple[str, ...] = ("sft",), call_share: float = 1.0, call_cells: str = "question",
                       direct_share: float = 0.0) -> dict[str, tuple[list, list, ZoomReport]]:
-    """Per split: its rows (demonstrations for ``demo_splits``, ``call_share`` of them with the call trained, on
-    ``call_cells``: :func:`generate_zoom_rows`), its quarantined rows and its counts. Each split draws from its own
+    """Per split: its rows (demonstrations for ``demo_splits`` but ``direct_share`` of them, ``call_share`` of those
+    with the call trained, on ``call_cells``: :func:`generate_zoom_rows`), its quarantined rows and its counts. Each split draws from its own
     derived seed, and no image occurs twice across the splits."""
     seen: set[str] = set()
     return {split: generate_zoom_rows(size, derive_seed(seed, TASK, split), spec, f"{split}-{TASK}", seen,

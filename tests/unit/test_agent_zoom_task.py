@@ -176,6 +176,10 @@ def test_direct_share_keeps_that_share_of_demonstrations_plain_answered_from_the
         assert is_plain == [False, False, False, True] * 2
     for row, flag in zip(rows, is_plain):  # a plain row: the question alone, its one image, no call to train
         assert (len(row["messages"]), len(row["images"])) == ((1, 1) if flag else (4, 2))
+    mixed = generate_zoom_rows(8, seed=1, spec=SPEC, id_prefix="d", demonstrations=True, direct_share=0.5,
+                               call_share=0.5)[0]
+    trained = [len(r["messages"]) == 4 and "context_messages" not in json.loads(r["extra"]) for r in mixed]
+    assert sum(len(r["messages"]) == 4 for r in mixed) == 4 and sum(trained) == 2  # half of the episodes
     with pytest.raises(ValueError, match=r"direct_share=-0.1 must be in \[0, 1\]"):
         generate_zoom_rows(1, seed=1, spec=SPEC, id_prefix="d", demonstrations=True, direct_share=-0.1)
 
