@@ -257,6 +257,10 @@ class AgentConfig:
     """Images one call may return."""
     max_pixels: int = num(448 * 448, ge=1)
     """A returned image over this many pixels is shrunk to it (aspect kept)."""
+    kept_context_gib: float = num(1.0, ge=0)
+    """hf engine: the unfinished episodes' KV caches kept between their turns, in all, so that a later turn
+    prefills only its new tokens and images (:mod:`mmrl.rollout.kept`); past it an episode prefills its whole
+    context. 0: keep nothing."""
 
 
 @dataclass(kw_only=True)

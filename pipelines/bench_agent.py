@@ -7,8 +7,13 @@ only the messages would do: the whole conversation through the chat template and
 (:func:`mmrl.models.encoding.encode_prompt`). Both are timed for the prompt of the turn after k zoom calls
 (k = 1 to ``--turns``): the loop encodes the k-th tool turn and joins, the baseline encodes everything. On the
 agent demo's tiny model and tokenizer; the two encodings are checked equal (ids, token types, pixels, grids)
-before anything is timed. The model's prefill of a later turn is not in this measure: the hf
-engine runs it over the whole context again (vLLM's prefix cache can skip the part it has seen).
+before anything is timed.
+
+Then the model's side: the hf engine's next policy turn (8 greedy tokens) after k zoom calls, continued from
+the cache the episode kept after its previous turn (:meth:`mmrl.rollout.hf.HFRolloutEngine.continue_generate`:
+the end-of-turn token, the tool turn and its image prefilled) against a prefill of the whole context (the
+board's image and every zoom through the vision tower again). The kept caches are made beforehand by the
+engine itself, as the loop makes them; the two give the same tokens (checked before timing).
 
     python -m pipelines.bench_agent --config configs/agent_demo.yaml
 """
@@ -35,7 +40,9 @@ from mmrl.agent.outputs import ToolOutput
 from mmrl.agent.table import build_tool_table
 from mmrl.config import load_config
 from mmrl.models.encoding import MEDIA_FIELDS, EncodedPrompt, encode_prompt
-from mmrl.models.loading import load_processor
+from mmrl.models.loading import load_model, load_processor
+from mmrl.rollout.base import SamplingParams
+from mmrl.rollout.hf import HFRolloutEngine
 from mmrl.models.tiny import build_tiny_vlm
 from mmrl.schema import IMAGE_PLACEHOLDER, decode_image
 from pipelines import model as model_stage
@@ -82,6 +89,37 @@ def same(a: EncodedPrompt, b: EncodedPrompt) -> bool:
         for k in MEDIA_FIELDS)
 
 
+def before_last_call(chat: ChatFormat, episode: Episode) -> EncodedPrompt:
+    """The context the engine had run when the episode's last call ended: every turn but the last tool turn,
+    and the last policy turn without its end-of-turn token."""
+    earlier = Episode(episode.prompt, [], [], turns=episode.turns[:-2])
+    last = episode.turns[-2]
+    earlier.add_policy_turn(last.ids[:-1], last.log_probs[:-1], last.text, [])
+    return earlier.context()
+
+
+def model_side(chat: ChatFormat, model_path: Path, episodes: list[Episode]) -> tuple[float, float]:
+    """ms per episode of the next 8-token greedy turn: (whole context prefilled, continued from the kept cache)."""
+    processor = chat.processor
+    engine = HFRolloutEngine(load_model(str(model_path)).eval(), processor, torch.device("cpu"))
+    eos = processor.tokenizer.eos_token_id
+    only_eos = [i for i in range(len(processor.tokenizer)) if i != eos]
+    # The engine's own kept caches: a turn of the end-of-turn token alone (every other token banned for it) after
+    # each context's last call.
+    engine.banned_ids, banned = only_eos, engine.banned_ids
+    made = engine.generate([before_last_call(chat, e) for e in episodes],
+                           SamplingParams(n=1, greedy=True, max_new_tokens=1), keep=True)
+    engine.banned_ids = banned
+    contexts = [e.context() for e in episodes]
+    suffixes = [e.context_from(k.length) for e, k in zip(episodes, made.kept)]
+    turn = SamplingParams(n=1, greedy=True, max_new_tokens=8)
+    whole = lambda: engine.generate(contexts, turn)
+    kept = lambda: engine.continue_generate(contexts, suffixes, made.kept, turn)
+    if not torch.equal(whole().responses, kept().responses):
+        raise AssertionError("the turn continued from the kept cache differs from the whole context's")
+    return median_ms(whole) / len(episodes), median_ms(kept) / len(episodes)
+
+
 def median_ms(fn: Callable[[], Any]) -> float:
     times = []
     for _ in range(REPEATS):
@@ -104,7 +142,7 @@ def main(argv: list[str] | None = None) -> list[list[str]]:
         chat = ChatFormat(load_processor(str(path)))
         tools = build_tool_table(["zoom_in"], executor).definitions()
         rows, _, _ = generate_zoom_rows(ROWS, cfg.seed, zoom_board(cfg), "bench")
-        table = []
+        table, generation = [], []
         for calls in range(1, args.turns + 1):
             cases = [episode_parts(chat, tools, row, calls) for row in rows]
             prompts = [encode_prompt(chat.processor, chat.with_tools(chat.in_format(row["messages"]), tools),
@@ -121,10 +159,16 @@ def main(argv: list[str] | None = None) -> list[list[str]]:
             tokens = statistics.fmean(len(encode_prompt(chat.processor, chat.in_format(m), i)) for m, i, _ in cases)
             table.append([str(calls), f"{tokens:.0f}", f"{scratch / ROWS:.2f}", f"{joined / ROWS:.2f}",
                           f"{scratch / joined:.2f}x"])
+            prefill_whole, prefill_kept = model_side(chat, path, episodes)
+            generation.append([str(calls), f"{tokens:.0f}", f"{prefill_whole:.2f}", f"{prefill_kept:.2f}",
+                               f"{prefill_whole / prefill_kept:.2f}x"])
     print_table(f"agent: encoding the prompt of the turn after k tool turns (ms per episode, median of {REPEATS}, "
                 f"{ROWS} zoom-task episodes)", ["k", "context tokens", "whole conversation", "loop (joined)",
                                                   "speed-up"], table)
-    return table
+    print_table(f"agent: the hf engine's next turn (8 greedy tokens) after k tool turns (ms per episode, median of "
+                f"{REPEATS}, {ROWS} episodes in one batch)", ["k", "context tokens", "whole context prefilled",
+                                                              "kept cache continued", "speed-up"], generation)
+    return table + generation
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ class Episode:
     calls: list[CallRecord] = field(default_factory=list)
     done: bool = False
     cut: str | None = None
+    kept: Any = None  # what the engine kept of the context after the last policy turn (a later turn continues it)
 
     @property
     def num_policy_turns(self) -> int:
@@ -123,7 +124,7 @@ class Episode:
 
     def finish(self, cut: str | None = None) -> None:
         assert cut is None or cut in CUT_KINDS
-        self.done, self.cut = True, cut
+        self.done, self.cut, self.kept = True, cut, None
 
     def context(self) -> EncodedPrompt:
         """The episode so far as one prompt: ids (P+R,), mm_token_type_ids (P+R,), every image's pixels and grids
@@ -142,6 +143,26 @@ class Episode:
             **media, source_images=[*prompt.source_images, *(i for p in tools for i in p.source_images)],
             source_videos=list(prompt.source_videos), template_ids=template, name=prompt.name,
         )
+
+    def context_from(self, start: int) -> EncodedPrompt:
+        """The context's tokens from ``start`` on (T - start,), with the pixels and grids of the tool turns among
+        them: what a later turn prefills when the engine kept the context's first ``start`` tokens. ``start``
+        lies after the prompt and outside the tool turns (a kept context ends inside a policy turn)."""
+        if start < len(self.prompt):
+            raise ValueError(f"prompt {self.prompt.name}: a context kept up to token {start} ends inside the prompt")
+        offset, tools = len(self.prompt), []
+        for turn in self.turns:
+            end = offset + len(turn.ids)
+            if not turn.policy and offset < start < end:
+                raise ValueError(f"prompt {self.prompt.name}: a context kept up to token {start} ends inside a tool turn")
+            if not turn.policy and offset >= start:
+                tools.append(turn.encoded)
+            offset = end
+        context = self.context()
+        media = {key: torch.cat(present) if (present := [getattr(t, key) for t in tools if getattr(t, key) is not None])
+                 else None for key in MEDIA_FIELDS}
+        return EncodedPrompt(input_ids=context.input_ids[start:], mm_token_type_ids=context.mm_token_type_ids[start:],
+                             **media, name=self.prompt.name)
 
     def scoring_context(self) -> EncodedPrompt:
         """The prompt for scoring this episode's response (the trainer's passes): the prompt's ids (P,) and

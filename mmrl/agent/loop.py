@@ -8,8 +8,12 @@ calls of all episodes run in one batch through the executor (worker processes: a
 error message), and each episode's outputs become its tool turn, encoded by the model family's own encoder.
 
 The engine is any :class:`~mmrl.rollout.base.RolloutEngine`; the contexts carry every image's pixels (hf) and
-the source images with the ids before media expansion (vLLM). The prefill of a later turn runs over the whole
-context again: the processor's work on earlier turns is kept, the model's is not (no cache across turns).
+the source images with the ids before media expansion (vLLM). The processor's work on earlier turns is kept
+(each tool turn is encoded once). An engine that can continue a context (the hf engine's
+``continue_generate``) also keeps the model's: each episode holds its KV cache from one policy turn to the
+next (:mod:`mmrl.rollout.kept`), so a later turn prefills only its new tokens and runs the vision tower on the
+new images only; within ``kept_bytes`` for the whole batch (the episodes past it prefill their whole context).
+vLLM reuses what its prefix cache still holds.
 """
 
 from __future__ import annotations
@@ -37,10 +41,13 @@ class AgentLoop:
 
     def __init__(self, engine: RolloutEngine, chat: ChatFormat, table: ToolTable, executor: ToolExecutor, *,
                  limits: EpisodeLimits = EpisodeLimits(), tool_limits: ToolLimits = ToolLimits(),
-                 max_model_len: int | None = None) -> None:
-        """``max_model_len``: the longest context (prompt and response); None: the engine's ``max_model_len``."""
+                 max_model_len: int | None = None, kept_bytes: int = 1 << 30) -> None:
+        """``max_model_len``: the longest context (prompt and response); None: the engine's ``max_model_len``.
+        ``kept_bytes``: what the unfinished episodes' kept caches may hold in all (0: keep nothing)."""
         self.engine, self.chat, self.table, self.executor = engine, chat, table, executor
         self.limits, self.tool_limits = limits, tool_limits
+        self.kept_bytes = kept_bytes
+        self.keeps = kept_bytes > 0 and callable(getattr(engine, "continue_generate", None))
         self.max_model_len = int(max_model_len or getattr(engine, "max_model_len"))
         self.eos_id = chat.processor.tokenizer.eos_token_id
 
@@ -91,8 +98,11 @@ class AgentLoop:
             if allowance[0]:
                 groups[allowance].append(i)
         for (allowance, cut), indices in groups.items():
-            out = self.engine.generate([prompts[i] for i in indices], replace(params, max_new_tokens=allowance))
+            turn = replace(params, max_new_tokens=allowance)
+            chosen = [prompts[i] for i in indices]
+            out = self.engine.generate(chosen, turn, keep=True) if self.keeps else self.engine.generate(chosen, turn)
             self._take([episodes[i * n + j] for i in indices for j in range(n)], out, cut)
+        self._bound_kept(episodes)
 
     def _next_turn(self, active: list[Episode], params: SamplingParams) -> None:
         groups: dict[tuple[int, str], list[Episode]] = defaultdict(list)
@@ -101,17 +111,42 @@ class AgentLoop:
             if allowance[0]:
                 groups[allowance].append(episode)
         for (allowance, cut), group in groups.items():
-            out = self.engine.generate([e.context() for e in group], replace(params, n=1, max_new_tokens=allowance))
-            self._take(group, out, cut)
+            turn = replace(params, n=1, max_new_tokens=allowance)
+            kept = [e for e in group if e.kept is not None]
+            whole = [e for e in group if e.kept is None]
+            if kept:
+                out = self.engine.continue_generate([e.context() for e in kept],
+                                                    [e.context_from(e.kept.length) for e in kept],
+                                                    [e.kept for e in kept], turn, keep=True)
+                self._take(kept, out, cut)
+            if whole:
+                contexts = [e.context() for e in whole]
+                out = self.engine.generate(contexts, turn, keep=True) if self.keeps else self.engine.generate(contexts, turn)
+                self._take(whole, out, cut)
+        self._bound_kept(active)
+
+    def _bound_kept(self, episodes: Sequence[Episode]) -> None:
+        """Drop the kept caches past ``kept_bytes`` (in episode order): those episodes prefill their next turn whole."""
+        held = 0
+        for episode in episodes:
+            if episode.kept is not None:
+                held += episode.kept.nbytes
+                if held > self.kept_bytes:
+                    episode.kept = None
 
     def _take(self, episodes: list[Episode], out: RolloutOutput, cut: str) -> None:
         """Each episode's new turn from the engine's output rows (in order), and what it means; ``cut``: what
         a turn that did not end was cut by."""
         lengths = out.response_mask.sum(1).long().tolist()
-        for episode, row, logp, text, length in zip(episodes, out.responses, out.log_probs, out.texts, lengths):
+        kept = out.kept or [None] * len(episodes)
+        for episode, row, logp, text, length, k in zip(episodes, out.responses, out.log_probs, out.texts, lengths, kept):
             ids = row[:length]
             requests = self.table.parse(text)
             episode.add_policy_turn(ids, logp[:length], text, requests)
+            if k is not None and k.length != episode.context_length() - 1:  # all but the unrun end-of-turn token
+                raise RuntimeError(f"prompt {episode.prompt.name}: the engine kept {k.length} tokens of a context of "
+                                   f"{episode.context_length()}")
+            episode.kept = k
             if length == 0 or int(ids[-1]) != self.eos_id:
                 episode.finish(cut)
             elif not requests:

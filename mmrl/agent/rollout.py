@@ -91,7 +91,7 @@ class AgentRollout:
         self.pad_id = processor.tokenizer.pad_token_id
         self.loop = AgentLoop(engine, self.chat, self.table, self.executor,
                               limits=episode_limits(cfg, max_new_tokens), tool_limits=tool_limits(cfg),
-                              max_model_len=max_model_len)
+                              max_model_len=max_model_len, kept_bytes=int(cfg.kept_context_gib * 2**30))
 
     def messages(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """A data row's messages with the tools in the system message (and in the chat template's format)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -28,13 +28,16 @@ class RolloutOutput:
 
     responses: (B*n, R) int64, right-padded with the pad id, R = max_new_tokens;
     response_mask: (B*n, R) float32, 1 up to and including the eos token;
-    log_probs: (B*n, R) float32 under the sampling distribution (temperature, vision tokens banned).
+    log_probs: (B*n, R) float32 under the sampling distribution (temperature, vision tokens banned);
+    kept: when the engine was asked to keep them, per row what it keeps of the row's context for the row's next
+    turn (an engine's own handle, None for a row it kept nothing of); None otherwise.
     """
 
     responses: torch.Tensor
     response_mask: torch.Tensor
     log_probs: torch.Tensor
     texts: list[str]
+    kept: list[Any] | None = None
 
 
 class PromptTooLong(ValueError):
@@ -55,6 +58,10 @@ def check_lengths(prompts: Sequence[EncodedPrompt], max_new_tokens: int, max_mod
 
 
 class RolloutEngine(Protocol):
+    """An engine may also continue contexts it has run (the hf engine: ``generate(..., keep=True)`` fills the
+    output's ``kept``, ``continue_generate`` runs only what follows them); the agent loop uses that where it
+    exists (:mod:`mmrl.agent.loop`)."""
+
     def generate(self, prompts: Sequence[EncodedPrompt], params: SamplingParams) -> RolloutOutput: ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:

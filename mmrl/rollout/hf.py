@@ -13,7 +13,7 @@ Two ways to hold the weights, chosen by the hybrid worker:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -23,7 +23,8 @@ from mmrl.config import Config
 from mmrl.models.encoding import EncodedPrompt, vision_token_ids
 from mmrl.models.loading import load_model
 from mmrl.rollout.base import RolloutOutput, SamplingParams, check_lengths
-from mmrl.rollout.sampler import sample_shared_prefill
+from mmrl.rollout.kept import KeptContext
+from mmrl.rollout.sampler import Decoding, Sampled, sample_continuation, sample_shared_prefill
 
 
 class HFRolloutEngine:
@@ -120,38 +121,60 @@ class HFRolloutEngine:
         return self.owns_weights
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[EncodedPrompt], params: SamplingParams) -> RolloutOutput:
+    def generate(self, prompts: Sequence[EncodedPrompt], params: SamplingParams, keep: bool = False) -> RolloutOutput:
         """Generate ``params.n`` responses for each prompt (sample rows grouped by prompt).
 
         Each prompt is prefilled once and its cache shared by its n samples (:mod:`mmrl.rollout.sampler`);
-        :meth:`prompt_ranges` bounds the samples decoded together.
+        :meth:`prompt_ranges` bounds the samples decoded together. With ``keep``, the output's ``kept`` holds
+        each row's context as the model has run it, for :meth:`continue_generate`.
         """
         check_lengths(prompts, params.max_new_tokens, self.max_model_len)
-        pieces = [self._generate_micro(prompts[a:b], params) for a, b in self.prompt_ranges(prompts, params)]
+        return self._joined([self._run(lambda: sample_shared_prefill(
+            self.model, prompts[a:b], params.n, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+            top_p=params.top_p, top_k=params.top_k, greedy=params.greedy, banned_ids=self.banned_ids,
+            eos_id=self.eos_id, pad_id=self.pad_id, device=self.device, keep=keep), params.max_new_tokens)
+            for a, b in self.prompt_ranges(prompts, params)], keep)
+
+    @torch.no_grad()
+    def continue_generate(self, contexts: Sequence[EncodedPrompt], suffixes: Sequence[EncodedPrompt],
+                          kept: Sequence[KeptContext], params: SamplingParams, keep: bool = False) -> RolloutOutput:
+        """One response per context (``params.n`` must be 1) whose first ``kept[i].length`` tokens the model
+        ran in an earlier call (``kept`` from its output); ``suffixes[i]``: the rest of the context, with the
+        media of those tokens only. Only the suffixes are prefilled (:func:`~mmrl.rollout.sampler.sample_continuation`)."""
+        if params.n != 1:
+            raise ValueError(f"continue_generate samples one continuation per context, not n={params.n}")
+        check_lengths(contexts, params.max_new_tokens, self.max_model_len)
+        decoding = Decoding(params.max_new_tokens, params.temperature, params.top_p, params.top_k, params.greedy,
+                            self.banned_ids, self.eos_id, self.pad_id)
+        return self._joined([self._run(lambda: sample_continuation(
+            self.model, contexts[a:b], suffixes[a:b], kept[a:b], decoding, self.device, keep), params.max_new_tokens)
+            for a, b in self.prompt_ranges(contexts, params)], keep)
+
+    @staticmethod
+    def _joined(pieces: list[RolloutOutput], keep: bool) -> RolloutOutput:
         return RolloutOutput(
             responses=torch.cat([p.responses for p in pieces]),
             response_mask=torch.cat([p.response_mask for p in pieces]),
             log_probs=torch.cat([p.log_probs for p in pieces]),
             texts=[t for p in pieces for t in p.texts],
+            kept=[k for p in pieces for k in p.kept] if keep else None,
         )
 
-    def _generate_micro(self, prompts: Sequence[EncodedPrompt], params: SamplingParams) -> RolloutOutput:
+    def _run(self, sample: Callable[[], Sampled], width: int) -> RolloutOutput:
+        """One batch of the sampler, in eval mode, as a :class:`RolloutOutput` right-padded to ``width``."""
         was_training = self.model.training
         self.model.eval()
         try:
-            tokens, logp = sample_shared_prefill(
-                self.model, prompts, params.n, max_new_tokens=params.max_new_tokens,
-                temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, greedy=params.greedy,
-                banned_ids=self.banned_ids, eos_id=self.eos_id, pad_id=self.pad_id, device=self.device,
-            )
+            tokens, logp, kept = sample()
         finally:
             self.model.train(was_training)
-        responses, mask = self._pad_after_eos(tokens, params.max_new_tokens)
-        logp = torch.nn.functional.pad(logp, (0, params.max_new_tokens - logp.shape[1])) * mask
+        responses, mask = self._pad_after_eos(tokens, width)
+        logp = torch.nn.functional.pad(logp, (0, width - logp.shape[1])) * mask
         texts = self.tokenizer.batch_decode(
             [row[: int(m.sum())] for row, m in zip(responses, mask)], skip_special_tokens=False
         )
-        return RolloutOutput(responses=responses, response_mask=mask, log_probs=logp, texts=texts)
+        return RolloutOutput(responses=responses, response_mask=mask, log_probs=logp, texts=texts,
+                             kept=kept if kept is not None else [None] * len(responses))
 
     def _pad_after_eos(self, tokens: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens (B, L<=width) -> responses (B, width) padded after the first eos, mask (B, width)."""

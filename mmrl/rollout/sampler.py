@@ -9,11 +9,16 @@ truncation for the draw, and one forward of the new tokens with the cache. Posit
 (:meth:`~mmrl.models.families.base.Family.positions`): a generated token j sits at the prompt's largest
 position + 1 + j on every axis. The vision tower runs once per prefill (:func:`~mmrl.models.forward.encode_media`,
 the training forward's path), its features handed to the model.
+
+A later turn of an agent episode continues from what the cache held after the episode's previous turn
+(:func:`sample_continuation`, :mod:`mmrl.rollout.kept`): only the new tokens and the new images are run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -21,6 +26,7 @@ from mmrl.models.encoding import EncodedPrompt, collate
 from mmrl.models.families import family_of
 from mmrl.models.forward import core_model, encode_media, text_inputs
 from mmrl.models.logprobs import policy_log_softmax
+from mmrl.rollout.kept import KeptContext, joined, keep_rows, keepable
 
 
 def truncate(log_probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -49,6 +55,28 @@ def draw(log_probs: torch.Tensor, greedy: bool, top_k: int, top_p: float) -> tor
     return torch.multinomial(probs, 1).squeeze(-1)
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """How tokens are drawn: at most ``max_new_tokens`` per row, from the policy's distribution at
+    ``temperature`` (vision tokens banned; 1 when greedy), truncated by ``top_k`` / ``top_p``; a row stops at
+    ``eos_id`` and is padded with ``pad_id`` after it."""
+
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    greedy: bool
+    banned_ids: Sequence[int]
+    eos_id: int
+    pad_id: int
+
+
+Sampled = tuple[torch.Tensor, torch.Tensor, list[KeptContext | None] | None]
+"""tokens (B, L) int64 (L <= max_new_tokens, the pad id after a row's eos), their log-probs (B, L) float32
+under the policy's distribution, untruncated, and, when asked for, each row's kept context (None for a row
+that did not end with eos)."""
+
+
 @torch.no_grad()
 def sample_shared_prefill(
     model: torch.nn.Module,
@@ -64,12 +92,11 @@ def sample_shared_prefill(
     eos_id: int,
     pad_id: int,
     device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """n samples for each of the G distinct ``prompts`` (rows grouped by prompt).
-
-    Returns tokens (G*n, L) int64, L <= max_new_tokens (the loop stops once every row has emitted eos;
-    tokens after a row's eos are the pad id), and their log-probs (G*n, L) float32 under the policy's
-    distribution at ``temperature`` (1 when greedy), untruncated.
+    keep: bool = False,
+) -> Sampled:
+    """n samples for each of the G distinct ``prompts`` (rows grouped by prompt): tokens and log-probs
+    (G*n, L) (see :data:`Sampled`); with ``keep``, each row's context as the cache holds it after the turn
+    (:mod:`mmrl.rollout.kept`), for a later turn of the same episode.
     """
     core = core_model(model)
     family = family_of(core.config)
@@ -83,20 +110,80 @@ def sample_shared_prefill(
     logits = out.logits[:, -1].repeat_interleave(n, dim=0)
     attention = inputs["attention_mask"].repeat_interleave(n, dim=0)
     next_position = (positions.amax(dim=(0, 2)) + 1).repeat_interleave(n)  # (G*n,)
-    scale = 1.0 if greedy else temperature
-    finished = torch.zeros(len(logits), dtype=torch.bool, device=device)
+    decoding = Decoding(max_new_tokens, temperature, top_p, top_k, greedy, banned_ids, eos_id, pad_id)
+    return decode(model, family.position_axes, family.model_positions, cache, logits, attention, next_position,
+                  decoding, keep)
+
+
+@torch.no_grad()
+def sample_continuation(
+    model: torch.nn.Module,
+    contexts: Sequence[EncodedPrompt],
+    suffixes: Sequence[EncodedPrompt],
+    kept: Sequence[KeptContext],
+    decoding: Decoding,
+    device: torch.device,
+    keep: bool = False,
+) -> Sampled:
+    """One sample for each of B contexts whose first ``kept[i].length`` tokens the model has run already.
+
+    contexts: the whole contexts (for their positions); suffixes: each context's tokens after its kept part,
+    with the media of those tokens only (the suffix's images go through the vision tower, nothing else does).
+    The suffixes are left-padded after the kept rows (the padding is masked); returns as
+    :func:`sample_shared_prefill` does.
+    """
+    core = core_model(model)
+    family = family_of(core.config)
+    cache, kept_attention = joined(kept, device)
+    inputs = {k: v.to(device) for k, v in collate(suffixes, decoding.pad_id).items()}
+    width = inputs["input_ids"].shape[1]
+    positions = torch.zeros((family.position_axes, len(contexts), width), dtype=torch.long)
+    next_position = torch.zeros(len(contexts), dtype=torch.long)
+    for row, (context, suffix, k) in enumerate(zip(contexts, suffixes, kept)):
+        if len(context) != k.length + len(suffix):
+            raise ValueError(f"prompt {context.name}: {len(context)} context tokens, but {k.length} kept and "
+                             f"{len(suffix)} in the suffix")
+        whole = family.prompt_positions(core, context)  # (A, T)
+        positions[:, row, width - len(suffix):] = whole[:, k.length:]
+        next_position[row] = whole.max() + 1
+    positions, next_position = positions.to(device), next_position.to(device)
+    attention = torch.cat([kept_attention, inputs["attention_mask"]], dim=1)
+    media, _ = encode_media(core, inputs, always=False)
+    out = model(**(text_inputs(inputs) | {"attention_mask": attention}), mm_encoder_outputs=media or None,
+                position_ids=family.model_positions(positions), past_key_values=cache, use_cache=True,
+                logits_to_keep=1)
+    return decode(model, family.position_axes, family.model_positions, out.past_key_values, out.logits[:, -1],
+                  attention, next_position, decoding, keep)
+
+
+def decode(model: torch.nn.Module, axes: int, model_positions: Callable[[torch.Tensor], torch.Tensor], cache: Any,
+           logits: torch.Tensor, attention: torch.Tensor, next_position: torch.Tensor, decoding: Decoding,
+           keep: bool) -> Sampled:
+    """The decode loop after a prefill: logits (B, V) of each row's next token, attention (B, W) over the
+    cache's W columns, next_position (B,) the position of each row's first new token (the same on all
+    ``axes``). Each step draws a token per row and runs the unfinished rows' tokens with the cache."""
+    prefix = attention.shape[1]
+    scale = 1.0 if decoding.greedy else decoding.temperature
+    finished = torch.zeros(len(logits), dtype=torch.bool, device=logits.device)
     tokens, log_probs = [], []
-    for step in range(max_new_tokens):
-        logp = policy_log_softmax(logits, banned_ids, scale)
-        token = draw(logp, greedy, top_k, top_p)
-        token = token.masked_fill(finished, pad_id)
+    for step in range(decoding.max_new_tokens):
+        logp = policy_log_softmax(logits, decoding.banned_ids, scale)
+        token = draw(logp, decoding.greedy, decoding.top_k, decoding.top_p)
+        token = token.masked_fill(finished, decoding.pad_id)
         tokens.append(token)
         log_probs.append(logp.gather(-1, token[:, None]).squeeze(-1).masked_fill(finished, 0.0))
-        finished |= token == eos_id
-        if bool(finished.all()) or step == max_new_tokens - 1:
+        finished |= token == decoding.eos_id
+        if bool(finished.all()) or step == decoding.max_new_tokens - 1:
             break
         attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
-        position = (next_position + step).view(1, -1, 1).expand(family.position_axes, -1, -1)
-        logits = model(input_ids=token[:, None], attention_mask=attention, position_ids=family.model_positions(position),
+        position = (next_position + step).view(1, -1, 1).expand(axes, -1, -1)
+        logits = model(input_ids=token[:, None], attention_mask=attention, position_ids=model_positions(position),
                        past_key_values=cache, use_cache=True).logits[:, -1]
-    return torch.stack(tokens, dim=1).cpu(), torch.stack(log_probs, dim=1).float().cpu()
+    out = torch.stack(tokens, dim=1)
+    kept = None
+    if keep and keepable(cache):
+        # A row that ended keeps its prompt and its turn up to the end-of-turn token, which was never run.
+        ended = out == decoding.eos_id
+        ends = [prefix + int(row.nonzero()[0]) if bool(row.any()) else None for row in ended]
+        kept = keep_rows(cache, attention, ends)
+    return out.cpu(), torch.stack(log_probs, dim=1).float().cpu(), kept

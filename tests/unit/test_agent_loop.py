@@ -84,11 +84,13 @@ def set_end_of_turn(model, processor, scale: float) -> None:
         model.lm_head.weight[processor.tokenizer.eos_token_id] = scale * direction
 
 
-def loop(parts, limits: EpisodeLimits, max_model_len: int | None = None, calls: list | None = None) -> AgentLoop:
+def loop(parts, limits: EpisodeLimits, max_model_len: int | None = None, calls: list | None = None,
+         kept_bytes: int = 1 << 30) -> AgentLoop:
     model, processor, chat, table, executor = parts
     table.calls = [ZOOM] if calls is None else calls
     engine = HFRolloutEngine(model, processor, CPU, micro_batch_size=8)
-    return AgentLoop(engine, chat, table, executor, limits=limits, tool_limits=TOOL_LIMITS, max_model_len=max_model_len)
+    return AgentLoop(engine, chat, table, executor, limits=limits, tool_limits=TOOL_LIMITS, max_model_len=max_model_len,
+                     kept_bytes=kept_bytes)
 
 
 def test_episodes_log_probs_equal_a_training_forward_over_the_whole_episode(parts) -> None:
@@ -234,3 +236,45 @@ def test_prompts_sent_from_another_process_are_refused(parts) -> None:
     shipped = pickle.loads(pickle.dumps(prompts(parts[1])[0]))  # its source images stay behind
     with pytest.raises(ValueError, match="run the agent loop where the prompts were encoded"):
         loop(parts, EpisodeLimits()).run([shipped], SamplingParams(n=1))
+
+
+def test_a_later_turn_continues_the_kept_cache_and_runs_only_its_new_tokens_and_images(parts) -> None:
+    """The same greedy episodes, token for token, with the cache kept between turns and without (nothing kept,
+    or a byte budget that keeps nothing); kept, the vision tower sees each image once and the language model each
+    context token once, where without it every later turn runs the whole context again."""
+    model, processor = parts[0], parts[1]
+    set_end_of_turn(model, processor, 1.0)  # turns of several tokens, some ending, some cut
+    seen = {"images": 0, "tokens": 0}
+
+    def count_images(module, args, kwargs) -> None:
+        seen["images"] += int(kwargs["grid_thw"].shape[0])
+
+    def count_tokens(module, args) -> None:
+        seen["tokens"] += int(args[0].numel())
+
+    core = model.model
+    hooks = [core.visual.register_forward_pre_hook(count_images, with_kwargs=True),
+             core.language_model.embed_tokens.register_forward_pre_hook(count_tokens)]
+    limits = EpisodeLimits(max_turns=3, max_tool_calls=4, max_tokens=600, max_new_tokens=6)
+    runs = {}
+    try:
+        for kept_bytes in (0, 1, 1 << 30):
+            seen.update(images=0, tokens=0)
+            episodes, _ = loop(parts, limits, kept_bytes=kept_bytes).run(
+                prompts(processor), SamplingParams(n=2, greedy=True, max_new_tokens=6))
+            runs[kept_bytes] = episodes, dict(seen)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    (whole, whole_seen), (unkept, unkept_seen), (kept, kept_seen) = runs[0], runs[1], runs[1 << 30]
+    later_turns = sum(e.num_policy_turns - 1 for e in kept)
+    assert later_turns > 0 and all(e.kept is None for e in kept)
+    for a, b in zip(whole, kept):
+        assert [t.text for t in a.turns] == [t.text for t in b.turns]
+        ra, rb = a.response(), b.response()
+        assert torch.equal(ra["ids"], rb["ids"]) and torch.allclose(ra["log_probs"], rb["log_probs"], atol=1e-5)
+    assert unkept_seen == whole_seen  # a budget of 1 byte keeps nothing
+    # Kept: each image once (the prompts' 1 and 2 on the first turn, prefilled once for their n), every tool image once.
+    assert kept_seen["images"] == 1 + 2 + sum(len(e.calls) for e in kept)
+    assert whole_seen["images"] > kept_seen["images"]
+    assert whole_seen["tokens"] > kept_seen["tokens"]

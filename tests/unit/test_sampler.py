@@ -38,7 +38,7 @@ def run(model, processor, prompts, n, greedy, tokens=8, **kw):
     args = {"max_new_tokens": tokens, "temperature": 0.8, "top_p": 1.0, "top_k": 0, "greedy": greedy,
             "banned_ids": vision_token_ids(processor), "eos_id": tok.eos_token_id, "pad_id": tok.pad_token_id,
             "device": CPU} | kw
-    return sample_shared_prefill(model, prompts, n, **args)
+    return sample_shared_prefill(model, prompts, n, **args)[:2]
 
 
 def test_greedy_tokens_equal_transformers_generate(setup):
