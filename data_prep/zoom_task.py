@@ -64,10 +64,7 @@ from mmrl.schema import IMAGE_PLACEHOLDER, make_row
 TASK = "zoom"
 DATA_SOURCE = f"synthetic/{TASK}"
 QUESTION = "What colour is the {kind} in cell {cell}?"
-WORDS_QUESTION = "What colour is the {kind} in row {row}, column {column}?"
 ROWS = "ABCDEFGHI"
-COLUMN_WORDS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-CELL_NAMES = ("grid", "words")  # how a question names its cell: "cell B2", or "row B, column two"
 ZOOM_TOOL = "zoom_in"
 CALL_CELLS = ("question", "random")  # where a demonstration's trained call zooms
 LINE_GREY = 120  # the grid lines: darker than every background, far from every colour
@@ -98,15 +95,9 @@ class ZoomTaskSpec:
     """A target shape larger than this in the full view is legible without zooming (the row is quarantined)."""
     legible_px: float = 8.0
     """A target shape smaller than this when zoomed on its cell stays illegible (the row is quarantined)."""
-    cell_names: str = "grid"
-    """How a question names its cell: ``grid``, "in cell B2"; ``words``, "in row B, column two" (no digit: a
-    tokenizer trained on the task alone gives a digit no meaning of its own, and the tool's schema and its calls
-    are full of digits, so a small model may not tell the column's digit from theirs)."""
 
     def __post_init__(self) -> None:
         lo, hi = self.shape_sides
-        if self.cell_names not in CELL_NAMES:
-            raise ValueError(f"zoom task: cell_names={self.cell_names!r} must be one of {CELL_NAMES}")
         if not 1 <= self.grid <= len(ROWS):
             raise ValueError(f"zoom task: grid={self.grid} must be 1 to {len(ROWS)} (cells are named A1 to I9)")
         if self.image_size % self.grid:
@@ -153,12 +144,6 @@ class ZoomTaskSpec:
             return "illegible_after_zoom"
         return None
 
-    def question(self, kind: str, row: int, col: int) -> str:
-        """The question about the ``kind`` of shape in cell (row, col), its cell named as ``cell_names`` says."""
-        if self.cell_names == "words":
-            return WORDS_QUESTION.format(kind=kind, row=ROWS[row], column=COLUMN_WORDS[col])
-        return QUESTION.format(kind=kind, cell=cell_name(row, col))
-
     def view_box(self, row: int, col: int) -> list[float]:
         """Where to zoom for cell (row, col): the cell, or its spot, as [x1, y1, x2, y2] in the coordinates the
         model sees."""
@@ -186,11 +171,6 @@ class ZoomReport:
 
 def cell_name(row: int, col: int) -> str:
     return f"{ROWS[row]}{col + 1}"
-
-
-def cell_index(name: str) -> tuple[int, int]:
-    """A cell's name ("B2") -> its (row, col), from 0."""
-    return ROWS.index(name[0]), int(name[1:]) - 1
 
 
 def _number(value: float) -> float | int:
@@ -249,7 +229,7 @@ def _candidate(rng: random.Random, spec: ZoomTaskSpec) -> tuple[Image.Image, dic
     grey = rng.randint(*BACKGROUND_RANGE)
     shapes = draw_board(rng, spec)
     target = rng.choice(shapes)
-    index = cell_index(target["cell"])
+    index = ROWS.index(target["cell"][0]), int(target["cell"][1:]) - 1
     side, x0, y0 = spec.cell_side, index[1] * spec.cell_side, index[0] * spec.cell_side
     x, y, s = target["box"]
     extra = {"task": TASK, "grid": spec.grid, "cell": target["cell"], "kind": target["kind"], "background": [grey] * 3,
@@ -319,7 +299,7 @@ def generate_zoom_rows(num: int, seed: int, spec: ZoomTaskSpec, id_prefix: str, 
             report.quarantined += 1
             report.reasons[reason] += 1
             continue
-        prompt = IMAGE_PLACEHOLDER + spec.question(extra["kind"], *cell_index(extra["cell"]))
+        prompt = IMAGE_PLACEHOLDER + QUESTION.format(kind=extra["kind"], cell=extra["cell"])
         row = make_row(row_id, prompt, [png], answer, DATA_SOURCE, extra)
         elsewhere = (cells.randrange(spec.grid), cells.randrange(spec.grid)) if call_cells == "random" else None
         if demonstrations and not _steps_up(report.written, direct_share):
