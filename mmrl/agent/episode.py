@@ -158,10 +158,11 @@ class Episode:
             if not turn.policy and offset >= start:
                 tools.append(turn.encoded)
             offset = end
-        context = self.context()
+        skip = start - len(self.prompt)  # of the response's tokens
         media = {key: torch.cat(present) if (present := [getattr(t, key) for t in tools if getattr(t, key) is not None])
                  else None for key in MEDIA_FIELDS}
-        return EncodedPrompt(input_ids=context.input_ids[start:], mm_token_type_ids=context.mm_token_type_ids[start:],
+        return EncodedPrompt(input_ids=torch.cat([t.ids for t in self.turns])[skip:],
+                             mm_token_type_ids=torch.cat([t.mm_types for t in self.turns])[skip:],
                              **media, name=self.prompt.name)
 
     def scoring_context(self) -> EncodedPrompt:

@@ -98,9 +98,7 @@ class AgentLoop:
             if allowance[0]:
                 groups[allowance].append(i)
         for (allowance, cut), indices in groups.items():
-            turn = replace(params, max_new_tokens=allowance)
-            chosen = [prompts[i] for i in indices]
-            out = self.engine.generate(chosen, turn, keep=True) if self.keeps else self.engine.generate(chosen, turn)
+            out = self._generate([prompts[i] for i in indices], replace(params, max_new_tokens=allowance))
             self._take([episodes[i * n + j] for i in indices for j in range(n)], out, cut)
         self._bound_kept(episodes)
 
@@ -120,10 +118,12 @@ class AgentLoop:
                                                     [e.kept for e in kept], turn, keep=True)
                 self._take(kept, out, cut)
             if whole:
-                contexts = [e.context() for e in whole]
-                out = self.engine.generate(contexts, turn, keep=True) if self.keeps else self.engine.generate(contexts, turn)
-                self._take(whole, out, cut)
+                self._take(whole, self._generate([e.context() for e in whole], turn), cut)
         self._bound_kept(active)
+
+    def _generate(self, prompts: Sequence[EncodedPrompt], params: SamplingParams) -> RolloutOutput:
+        """The engine's turn for ``prompts``, each row's context kept when the loop keeps them."""
+        return self.engine.generate(prompts, params, keep=True) if self.keeps else self.engine.generate(prompts, params)
 
     def _bound_kept(self, episodes: Sequence[Episode]) -> None:
         """Drop the kept caches past ``kept_bytes`` (in episode order): those episodes prefill their next turn whole."""
