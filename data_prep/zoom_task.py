@@ -65,6 +65,8 @@ TASK = "zoom"
 DATA_SOURCE = f"synthetic/{TASK}"
 QUESTION = "What colour is the {kind} in cell {cell}?"
 ROWS = "ABCDEFGHI"
+COLUMNS = "abcdefghi"  # the column letters of ``cell_names="letters"``
+CELL_NAMES = ("grid", "letters")  # how a question names its cell: "cell B2", or "cell Bb"
 ZOOM_TOOL = "zoom_in"
 CALL_CELLS = ("question", "random")  # where a demonstration's trained call zooms
 LINE_GREY = 120  # the grid lines: darker than every background, far from every colour
@@ -95,9 +97,16 @@ class ZoomTaskSpec:
     """A target shape larger than this in the full view is legible without zooming (the row is quarantined)."""
     legible_px: float = 8.0
     """A target shape smaller than this when zoomed on its cell stays illegible (the row is quarantined)."""
+    cell_names: str = "grid"
+    """How a question names its cell: ``grid``, "in cell B2"; ``letters``, "in cell Bb" (the row's capital, the
+    column's small letter: no digit). The tool's schema and its calls are full of digits, and the tiny model's
+    calls do not learn which of them is the column's (README, agent section); ``Bb`` is one word, which the
+    tiny model's tokenizer makes one token: the cell's own."""
 
     def __post_init__(self) -> None:
         lo, hi = self.shape_sides
+        if self.cell_names not in CELL_NAMES:
+            raise ValueError(f"zoom task: cell_names={self.cell_names!r} must be one of {CELL_NAMES}")
         if not 1 <= self.grid <= len(ROWS):
             raise ValueError(f"zoom task: grid={self.grid} must be 1 to {len(ROWS)} (cells are named A1 to I9)")
         if self.image_size % self.grid:
@@ -144,6 +153,11 @@ class ZoomTaskSpec:
             return "illegible_after_zoom"
         return None
 
+    def question(self, kind: str, row: int, col: int) -> str:
+        """The question about the ``kind`` of shape in cell (row, col), its cell named as ``cell_names`` says."""
+        cell = ROWS[row] + COLUMNS[col] if self.cell_names == "letters" else cell_name(row, col)
+        return QUESTION.format(kind=kind, cell=cell)
+
     def view_box(self, row: int, col: int) -> list[float]:
         """Where to zoom for cell (row, col): the cell, or its spot, as [x1, y1, x2, y2] in the coordinates the
         model sees."""
@@ -171,6 +185,11 @@ class ZoomReport:
 
 def cell_name(row: int, col: int) -> str:
     return f"{ROWS[row]}{col + 1}"
+
+
+def cell_index(name: str) -> tuple[int, int]:
+    """A cell's name ("B2") -> its (row, col), from 0."""
+    return ROWS.index(name[0]), int(name[1:]) - 1
 
 
 def _number(value: float) -> float | int:
@@ -229,7 +248,7 @@ def _candidate(rng: random.Random, spec: ZoomTaskSpec) -> tuple[Image.Image, dic
     grey = rng.randint(*BACKGROUND_RANGE)
     shapes = draw_board(rng, spec)
     target = rng.choice(shapes)
-    index = ROWS.index(target["cell"][0]), int(target["cell"][1:]) - 1
+    index = cell_index(target["cell"])
     side, x0, y0 = spec.cell_side, index[1] * spec.cell_side, index[0] * spec.cell_side
     x, y, s = target["box"]
     extra = {"task": TASK, "grid": spec.grid, "cell": target["cell"], "kind": target["kind"], "background": [grey] * 3,
@@ -299,7 +318,7 @@ def generate_zoom_rows(num: int, seed: int, spec: ZoomTaskSpec, id_prefix: str, 
             report.quarantined += 1
             report.reasons[reason] += 1
             continue
-        prompt = IMAGE_PLACEHOLDER + QUESTION.format(kind=extra["kind"], cell=extra["cell"])
+        prompt = IMAGE_PLACEHOLDER + spec.question(extra["kind"], *cell_index(extra["cell"]))
         row = make_row(row_id, prompt, [png], answer, DATA_SOURCE, extra)
         elsewhere = (cells.randrange(spec.grid), cells.randrange(spec.grid)) if call_cells == "random" else None
         if demonstrations and not _steps_up(report.written, direct_share):

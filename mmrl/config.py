@@ -201,6 +201,9 @@ class DataConfig:
     zoom_call_cells: Literal["question", "random"] = "question"
     """Where the trained calls zoom: on the question's cell, or on a random cell (their answers then context
     only): SFT teaches the call's format and reading the zoomed image, and RL alone where to zoom."""
+    zoom_cell_names: Literal["grid", "letters"] = "grid"
+    """How the zoom task's questions name a cell: ``grid``, "in cell B2"; ``letters``, "in cell Bb" (no digit,
+    which the tiny model's calls and tool schema are full of)."""
 
 
 @dataclass(kw_only=True)

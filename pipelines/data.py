@@ -44,7 +44,7 @@ def zoom_board(cfg: Config, **view: int) -> ZoomTaskSpec:
     """The zoom task's board as the config sets it (``data.image_size``, ``zoom_grid``, ``zoom_shapes``,
     ``zoom_spot``); ``view`` gives the view fields (``view_side``, ``zoom_max_pixels``), else their defaults."""
     return ZoomTaskSpec(image_size=cfg.data.image_size, grid=cfg.data.zoom_grid, shapes_per_cell=cfg.data.zoom_shapes,
-                        spot_side=cfg.data.zoom_spot, **view)
+                        spot_side=cfg.data.zoom_spot, cell_names=cfg.data.zoom_cell_names, **view)
 
 
 def zoom_spec(cfg: Config) -> ZoomTaskSpec:

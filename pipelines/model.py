@@ -15,9 +15,8 @@ from collections.abc import Iterator
 from data_prep.palette import COLOURS
 from data_prep.synthetic import IMAGE_TASKS, SHAPES, corpus_texts, generate_rows
 from data_prep.synthetic_video import VIDEO_ANSWERS, VIDEO_QUESTIONS, VIDEO_TASKS
-from data_prep.zoom_task import QUESTION as ZOOM_QUESTION
 from data_prep.zoom_task import TASK as ZOOM
-from data_prep.zoom_task import ZOOM_TOOL, cell_name
+from data_prep.zoom_task import ZOOM_TOOL
 from mmrl.answer_format import format_answer
 from mmrl.config import Config
 from mmrl.models.loading import load_model
@@ -64,7 +63,7 @@ def zoom_corpus(cfg: Config, copies: int = 20) -> Iterator[str]:
         for row in range(spec.grid):
             for col in range(spec.grid):
                 for kind in SHAPES:
-                    yield ZOOM_QUESTION.format(kind=kind, cell=cell_name(row, col))
+                    yield spec.question(kind, row, col)
                 yield format_call(ZOOM_TOOL, {"bbox_2d": spec.view_box(row, col)})
         for colour in COLOURS:
             yield format_answer(colour)

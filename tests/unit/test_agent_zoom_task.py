@@ -55,6 +55,25 @@ def test_rows_ask_for_the_colour_of_the_named_shape_in_the_named_cell() -> None:
         assert side * SPEC.zoom_view_side / SPEC.cell_side >= SPEC.legible_px  # legible zoomed
 
 
+def test_cells_named_in_letters_carry_no_digit_and_name_the_same_cell() -> None:
+    letters = ZoomTaskSpec(cell_names="letters", grid=9, image_size=9 * 60)
+    grid = ZoomTaskSpec(grid=9, image_size=9 * 60)
+    questions = {(r, c): letters.question("circle", r, c) for r in range(9) for c in range(9)}
+    assert questions[(1, 1)] == "What colour is the circle in cell Bb?"
+    assert questions[(8, 0)] == "What colour is the circle in cell Ia?"
+    assert len(set(questions.values())) == 81 and not any(ch.isdigit() for q in questions.values() for ch in q)
+    assert grid.question("square", 2, 3) == "What colour is the square in cell C4?"
+    rows, _, _ = generate_zoom_rows(4, seed=3, spec=ZoomTaskSpec(cell_names="letters"), id_prefix="t")
+    same_boards, _, _ = generate_zoom_rows(4, seed=3, spec=SPEC, id_prefix="t")
+    for row, twin in zip(rows, same_boards):  # the naming changes the question only
+        extra = json.loads(row["extra"])
+        assert extra == json.loads(twin["extra"]) and row["images"] == twin["images"]
+        row_letter, column = extra["cell"][0], int(extra["cell"][1:])
+        assert row["messages"][0]["content"].endswith(f"in cell {row_letter}{'abcd'[column - 1]}?")
+    with pytest.raises(ValueError, match="cell_names='roman' must be one of"):
+        ZoomTaskSpec(cell_names="roman")
+
+
 @pytest.mark.parametrize("per_cell", [1, 2])
 def test_fewer_shapes_per_cell_draw_that_many_kinds_and_colours_and_ask_for_one_of_them(per_cell: int) -> None:
     spec = ZoomTaskSpec(shapes_per_cell=per_cell)
