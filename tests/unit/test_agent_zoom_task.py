@@ -265,3 +265,19 @@ def test_make_data_writes_the_zoom_task_at_the_model_s_view_and_refuses_a_mix(ti
     tiny_config.data.tasks = {"zoom": 1.0, "colour": 0.5}
     with pytest.raises(ValueError, match=r"zoom task is generated alone.*'colour': 0.5"):
         data.synthetic(tiny_config)
+
+
+@pytest.mark.parametrize(("names", "whole"), [("letters", True), ("grid", False)])
+def test_the_tiny_tokenizer_makes_a_cell_named_by_letters_one_token(names: str, whole: bool) -> None:
+    from mmrl.config import load_config
+    from mmrl.models.tiny import train_tokenizer
+    from pipelines.model import zoom_corpus
+
+    cfg = load_config("configs/agent_demo.yaml", [f"data.zoom_cell_names={names}"])
+    tokenizer = train_tokenizer(zoom_corpus(cfg), 1024, ["<pad>"], eos="<pad>", pad="<pad>", chat_template="")
+    spec = ZoomTaskSpec(cell_names=names)
+    for row in range(4):
+        for col in range(4):
+            cell = spec.question("circle", row, col).rsplit(" ", 1)[1].rstrip("?")
+            pieces = tokenizer.tokenize(" " + cell)
+            assert (len(pieces) == 1) == whole, (cell, pieces)  # a digit is never merged with its row's letter
