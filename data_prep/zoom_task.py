@@ -101,7 +101,8 @@ class ZoomTaskSpec:
     """How a question names its cell: ``grid``, "in cell B2"; ``letters``, "in cell Bb" (the row's capital, the
     column's small letter: no digit). The tool's schema and its calls are full of digits, and the tiny model's
     calls do not learn which of them is the column's (README, agent section); ``Bb`` is one word, which the
-    tiny model's tokenizer makes one token: the cell's own."""
+    tiny model's tokenizer makes one token: the cell's own. The naming changes the question's text only: a row's
+    ``extra["cell"]`` is always the grid name ("B2")."""
 
     def __post_init__(self) -> None:
         lo, hi = self.shape_sides
