@@ -215,6 +215,9 @@ class OptimConfig:
     lr: float = num(2e-3, ge=0)
     weight_decay: float = num(0.0, ge=0)
     warmup_steps: int = num(5, ge=0)
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """After the warm-up: constant, or a cosine decay to ``min_lr_ratio * lr`` over the ``steps``."""
+    min_lr_ratio: float = num(0.0, ge=0, le=1)
     grad_clip: float = num(1.0, gt=0)
     """Gradient-norm clip (a very large value turns clipping off)."""
 

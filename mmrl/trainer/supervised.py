@@ -23,7 +23,8 @@ StepFn = Callable[[list[int]], tuple[torch.Tensor, dict[str, float]]]
 def train_steps(name: str, cfg: OptimConfig, params: Sequence[torch.nn.Parameter], num_items: int, seed: int,
                 step_fn: StepFn, tracker: Tracker) -> None:
     """``cfg.steps`` optimizer steps; ``step_fn(indices)`` returns the batch's loss and extra metrics."""
-    optimizer, scheduler = build_optimizer(params, cfg.lr, cfg.weight_decay, cfg.warmup_steps)
+    optimizer, scheduler = build_optimizer(params, cfg.lr, cfg.weight_decay, cfg.warmup_steps,
+                                           cfg.steps if cfg.lr_schedule == "cosine" else 0, cfg.min_lr_ratio)
     rng = random.Random(seed)
     order: list[int] = []
     bar = tqdm(range(1, cfg.steps + 1), desc=name, dynamic_ncols=True)
