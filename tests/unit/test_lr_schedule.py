@@ -51,6 +51,7 @@ def test_the_supervised_stages_follow_their_schedule(schedule):
     param = torch.nn.Parameter(torch.zeros(1))
     sink = _Metrics()
     train_steps("sft", cfg, [param], 4, 0, lambda indices: ((param - 1.0).pow(2).sum(), {}), sink)
+
     def by_hand(k: int) -> float:  # the multiplier at optimizer step k (0-based): warm-up over 2, then the schedule
         if k < 2:
             return (k + 1) / 2
