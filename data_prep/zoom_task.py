@@ -35,7 +35,10 @@ below 1, only that share of them (spread evenly over the split) trains the call;
 on few. With ``call_cells="random"`` the trained calls zoom on a random cell and their answers are context: SFT
 then teaches the call's format and reading, and RL alone where to zoom. With ``direct_share``, that share of the
 split (spread evenly) stays plain rows, the question answered from the full view without a call: SFT teaches
-both ways of answering, and RL which one pays (when to zoom).
+both ways of answering, and RL which one pays (when to zoom). ``direct_by_kind`` sets that share per kind of
+shape asked about (spread evenly within each kind), so that the greedy SFT policy's choice to call is set by the
+question rather than by the draw of its weights: with calls on most triangle questions and few others, it calls on
+the triangles, answers the others from the full view, and RL must teach it to call on those.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from PIL import Image, ImageDraw
 
@@ -287,21 +290,28 @@ def demonstration(row: dict[str, Any], image: Image.Image, spec: ZoomTaskSpec, t
 
 def generate_zoom_rows(num: int, seed: int, spec: ZoomTaskSpec, id_prefix: str, seen: set[str] | None = None,
                        demonstrations: bool = False, call_share: float = 1.0, call_cells: str = "question",
-                       direct_share: float = 0.0) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ZoomReport]:
+                       direct_share: float = 0.0, direct_by_kind: Mapping[str, float] | None = None,
+                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ZoomReport]:
     """``num`` rows (whose images are not in ``seen``, which is updated), the quarantined ones (id, kind, reason,
-    extra) and the counts; with ``demonstrations``, ``direct_share`` of them (spread evenly) stay plain rows,
-    answered from the full view, and the others are demonstrated episodes whose call is trained on
+    extra) and the counts; with ``demonstrations``, ``direct_share`` of them (spread evenly; for a kind of shape in
+    ``direct_by_kind``, its share of that kind's rows, spread evenly among them) stay plain rows, answered from the
+    full view, and the others are demonstrated episodes whose call is trained on
     ``call_share`` of them, spread evenly, and zooms there on the question's cell (``call_cells="question"``)
     or on a cell drawn at random (``"random"``: the format taught, not where to zoom). Raises ValueError when
     too few rows pass the checks."""
-    for name, share in (("call_share", call_share), ("direct_share", direct_share)):
+    direct_by_kind = dict(direct_by_kind or {})
+    shares = [("call_share", call_share), ("direct_share", direct_share)]
+    for name, share in shares + [(f"direct_by_kind[{k!r}]", v) for k, v in direct_by_kind.items()]:
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"zoom task: {name}={share} must be in [0, 1]")
+    if unknown := sorted(set(direct_by_kind) - set(SHAPES)):
+        raise ValueError(f"zoom task: direct_by_kind names {unknown}, not kinds of shape; use {list(SHAPES)}")
     if call_cells not in CALL_CELLS:
         raise ValueError(f"zoom task: call_cells={call_cells!r} must be one of {CALL_CELLS}")
     cells = random.Random(f"{seed}-call-cells")  # its own stream: the boards do not depend on call_cells
     rng, seen = random.Random(seed), set() if seen is None else seen
     rows, quarantine, report, episodes = [], [], ZoomReport(), 0
+    written: Counter[str | None] = Counter()  # rows written per kind of direct_by_kind (None: every other kind)
     while report.written < num:
         if report.drawn >= 10 * num + 100:
             raise ValueError(f"zoom task: {report.summary()}; too few rows pass, change the spec ({spec})")
@@ -322,7 +332,10 @@ def generate_zoom_rows(num: int, seed: int, spec: ZoomTaskSpec, id_prefix: str, 
         prompt = IMAGE_PLACEHOLDER + spec.question(extra["kind"], *cell_index(extra["cell"]))
         row = make_row(row_id, prompt, [png], answer, DATA_SOURCE, extra)
         elsewhere = (cells.randrange(spec.grid), cells.randrange(spec.grid)) if call_cells == "random" else None
-        if demonstrations and not _steps_up(report.written, direct_share):
+        bucket = extra["kind"] if extra["kind"] in direct_by_kind else None
+        direct = _steps_up(written[bucket], direct_by_kind.get(extra["kind"], direct_share))
+        written[bucket] += 1
+        if demonstrations and not direct:
             train_call = _steps_up(episodes, call_share)  # call_share counts the demonstrated episodes only
             row = demonstration(row, image, spec, train_call, elsewhere if train_call else None)
             episodes += 1
@@ -346,25 +359,29 @@ _REASONS = {
 
 def build_zoom_splits(sizes: dict[str, int], seed: int, spec: ZoomTaskSpec = ZoomTaskSpec(),
                       demo_splits: tuple[str, ...] = ("sft",), call_share: float = 1.0, call_cells: str = "question",
-                      direct_share: float = 0.0) -> dict[str, tuple[list, list, ZoomReport]]:
-    """Per split: its rows (demonstrations for ``demo_splits`` but ``direct_share`` of them, ``call_share`` of those
+                      direct_share: float = 0.0, direct_by_kind: Mapping[str, float] | None = None,
+                      ) -> dict[str, tuple[list, list, ZoomReport]]:
+    """Per split: its rows (demonstrations for ``demo_splits`` but ``direct_share`` of them (or their kind's share
+    in ``direct_by_kind``), ``call_share`` of those
     with the call trained, on ``call_cells``: :func:`generate_zoom_rows`), its quarantined rows and its counts. Each split draws from its own
     derived seed, and no image occurs twice across the splits."""
     seen: set[str] = set()
     return {split: generate_zoom_rows(size, derive_seed(seed, TASK, split), spec, f"{split}-{TASK}", seen,
                                       demonstrations=split in demo_splits, call_share=call_share,
-                                      call_cells=call_cells, direct_share=direct_share)
+                                      call_cells=call_cells, direct_share=direct_share,
+                                      direct_by_kind=direct_by_kind)
             for split, size in sizes.items()}
 
 
 def write_zoom_splits(out_dir: str | Path, sizes: dict[str, int], seed: int, spec: ZoomTaskSpec = ZoomTaskSpec(),
                       demo_splits: tuple[str, ...] = ("sft",), call_share: float = 1.0, call_cells: str = "question",
-                      direct_share: float = 0.0) -> dict[str, ZoomReport]:
+                      direct_share: float = 0.0, direct_by_kind: Mapping[str, float] | None = None,
+                      ) -> dict[str, ZoomReport]:
     """Write ``<out_dir>/<split>.parquet`` and ``<out_dir>/<split>.quarantine.jsonl`` per split; the counts."""
     out = Path(out_dir)
     reports = {}
     for split, (rows, quarantine, report) in build_zoom_splits(sizes, seed, spec, demo_splits, call_share, call_cells,
-                                                                        direct_share).items():
+                                                                        direct_share, direct_by_kind).items():
         write_parquet(rows, out / f"{split}.parquet")
         path = out / f"{split}.quarantine.jsonl"
         tmp = path.with_name(f".{path.name}.tmp")

@@ -198,6 +198,10 @@ class DataConfig:
     zoom_direct_share: float = num(0.0, ge=0, le=1)
     """Share of the zoom task's ``sft`` rows that answer from the full view, without a call (spread evenly): SFT
     then teaches both ways and leaves RL to teach when to zoom."""
+    zoom_direct_by_kind: dict[str, float] = field(default_factory=dict)
+    """``zoom_direct_share`` per kind of shape asked about (circle, square, triangle; a kind not named keeps
+    ``zoom_direct_share``), spread evenly within each kind: the question, not the draw of the SFT weights, then
+    sets whether the greedy SFT policy calls."""
     zoom_call_cells: Literal["question", "random"] = "question"
     """Where the trained calls zoom: on the question's cell, or on a random cell (their answers then context
     only): SFT teaches the call's format and reading the zoomed image, and RL alone where to zoom."""

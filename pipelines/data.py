@@ -66,7 +66,8 @@ def zoom(cfg: Config) -> None:
                          f"also {others}: set data.tasks={{zoom: 1.0}}")
     spec = zoom_spec(cfg)
     splits = write_zoom_splits(cfg.data.dir, cfg.data.sizes, cfg.seed, spec, call_share=cfg.data.zoom_call_share,
-                               call_cells=cfg.data.zoom_call_cells, direct_share=cfg.data.zoom_direct_share)
+                               call_cells=cfg.data.zoom_call_cells, direct_share=cfg.data.zoom_direct_share,
+                               direct_by_kind=cfg.data.zoom_direct_by_kind)
     for split, report in splits.items():
         print(f"data: {split:5s} {report.summary()} -> {Path(cfg.data.dir) / f'{split}.parquet'}")
 

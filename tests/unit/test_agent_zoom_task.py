@@ -202,6 +202,29 @@ def test_direct_share_keeps_that_share_of_demonstrations_plain_answered_from_the
     with pytest.raises(ValueError, match=r"direct_share=-0.1 must be in \[0, 1\]"):
         generate_zoom_rows(1, seed=1, spec=SPEC, id_prefix="d", demonstrations=True, direct_share=-0.1)
 
+
+def test_direct_by_kind_sets_the_plain_share_per_kind_of_shape_spread_evenly_within_each() -> None:
+    spec = ZoomTaskSpec(shapes_per_cell=1)  # one shape per cell: the kind asked about is drawn per question
+    shares = {"triangle": 0.25}
+    rows = generate_zoom_rows(40, seed=4, spec=spec, id_prefix="k", demonstrations=True, direct_share=0.5,
+                              direct_by_kind=shares)[0]
+    plain = generate_zoom_rows(40, seed=4, spec=spec, id_prefix="k")[0]
+    by_bucket: dict[str, list[bool]] = {}
+    for row, p in zip(rows, plain):
+        kind = json.loads(row["extra"])["kind"]
+        by_bucket.setdefault(kind if kind in shares else "other", []).append(row == p)
+    assert set(by_bucket) == {"triangle", "other"}  # both buckets drawn, else the test proves nothing
+    for bucket, flags in by_bucket.items():  # the k-th row of a bucket is plain where k * share steps up
+        share = shares.get(bucket, 0.5)
+        assert flags == [int((k + 1) * share) > int(k * share) for k in range(len(flags))], bucket
+    assert [r["messages"] for r in rows if len(r["messages"]) == 4] == [  # the boards do not depend on the shares
+        r["messages"] for r, p in zip(generate_zoom_rows(40, seed=4, spec=spec, id_prefix="k", demonstrations=True)[0],
+                                      rows) if len(p["messages"]) == 4]
+    with pytest.raises(ValueError, match=r"direct_by_kind names \['star'\], not kinds of shape"):
+        generate_zoom_rows(1, seed=1, spec=spec, id_prefix="k", demonstrations=True, direct_by_kind={"star": 0.5})
+    with pytest.raises(ValueError, match=r"direct_by_kind\['circle'\]=2 must be in \[0, 1\]"):
+        generate_zoom_rows(1, seed=1, spec=spec, id_prefix="k", demonstrations=True, direct_by_kind={"circle": 2})
+
 def test_random_call_cells_teach_the_format_on_other_cells_with_the_answer_as_context() -> None:
     rows, _, _ = generate_zoom_rows(16, seed=3, spec=SPEC, id_prefix="r", demonstrations=True, call_share=0.5,
                                     call_cells="random")
