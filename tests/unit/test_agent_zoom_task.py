@@ -285,6 +285,9 @@ def test_make_data_writes_the_zoom_task_at_the_model_s_view_and_refuses_a_mix(ti
     assert len(sft) == 2 and len(test) == 3
     assert all(json.loads(r["extra"]).get("demonstration") for r in sft)  # the sft split holds episodes
     assert not any(json.loads(r["extra"]).get("demonstration") for r in test)
+    tiny_config.data.zoom_direct_by_kind = {kind: 1.0 for kind in ("circle", "square", "triangle")}
+    data.synthetic(tiny_config)  # every kind's sft rows plain: the config reaches the task
+    assert not any(json.loads(r["extra"]).get("demonstration") for r in read_parquet(tmp_path / "sft.parquet"))
     tiny_config.data.tasks = {"zoom": 1.0, "colour": 0.5}
     with pytest.raises(ValueError, match=r"zoom task is generated alone.*'colour': 0.5"):
         data.synthetic(tiny_config)
