@@ -361,10 +361,10 @@ def build_zoom_splits(sizes: dict[str, int], seed: int, spec: ZoomTaskSpec = Zoo
                       demo_splits: tuple[str, ...] = ("sft",), call_share: float = 1.0, call_cells: str = "question",
                       direct_share: float = 0.0, direct_by_kind: Mapping[str, float] | None = None,
                       ) -> dict[str, tuple[list, list, ZoomReport]]:
-    """Per split: its rows (demonstrations for ``demo_splits`` but ``direct_share`` of them (or their kind's share
-    in ``direct_by_kind``), ``call_share`` of those
-    with the call trained, on ``call_cells``: :func:`generate_zoom_rows`), its quarantined rows and its counts. Each split draws from its own
-    derived seed, and no image occurs twice across the splits."""
+    """Per split: its rows (demonstrations for ``demo_splits`` but ``direct_share`` of them, or their kind's share
+    in ``direct_by_kind``; ``call_share`` of those with the call trained, on ``call_cells``:
+    :func:`generate_zoom_rows`), its quarantined rows and its counts. Each split draws from its own derived seed,
+    and no image occurs twice across the splits."""
     seen: set[str] = set()
     return {split: generate_zoom_rows(size, derive_seed(seed, TASK, split), spec, f"{split}-{TASK}", seen,
                                       demonstrations=split in demo_splits, call_share=call_share,
