@@ -100,7 +100,7 @@ gpu-check: $(STAMP)
 
 # RL variants from one SFT start per seed, evaluated on the test split, as one table (configs/sweeps/*.yaml).
 sweep: $(STAMP)
-	$(STAGE).sweep --sweep $(SWEEP) --config $(CONFIG) $(ARGS)
+	$(STAGE).sweep --sweep $(SWEEP) $(if $(filter command line environment,$(origin CONFIG)),--config $(CONFIG),) $(ARGS)
 
 # Learning runs (minutes each) are benchmarks: `make bench-learning`; `make test-extra` the extra checks.
 # The unit tests (on one thread: faster for their small models), then the Ray tests in one Ray session. Run side by

@@ -1,14 +1,16 @@
 """Stage ``make sweep``: RL variants from one SFT start per seed, each evaluated on the test split, in one table.
 
-The sweep file (``SWEEP=configs/sweeps/<name>.yaml``) gives ``seeds``, ``steps`` (RL steps per run) and
-``variants`` (name -> overrides on top of ``--config`` and the command line's). Per seed the tiny model, the
+The sweep file (``SWEEP=configs/sweeps/<name>.yaml``) gives ``variants`` (name -> overrides on top of the run
+config and the command line's) and optionally ``config`` (the run config when ``--config`` is not given;
+default ``configs/demo.yaml``), ``overrides`` (for every run), ``seeds`` (default [0]), ``steps`` (RL steps per
+run) and ``out`` (default ``outputs/sweeps/<name>``). Per seed the tiny model, the
 data and the SFT policy are built once, as the demo builds them; every variant's RL run starts from that SFT
 checkpoint. A run's row: test accuracy, its gain over the SFT start, the median seconds per step, and over
 its last tenth of steps the share of flat groups (every reward of the group equal), of all-wrong groups and the
 entropy. Every run is kept, failed ones too (with their error): ``<out>/sweep.json`` and the markdown table
 ``<out>/sweep.md`` are rewritten as each run finishes, so a stopped sweep keeps its rows.
 
-    python -m pipelines.sweep --sweep configs/sweeps/counting.yaml --config configs/demo.yaml
+    python -m pipelines.sweep --sweep configs/sweeps/counting.yaml
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from mmrl.trainer.rl import run_rl
 from mmrl.trainer.sft import run_sft
 from pipelines import data, model
 from pipelines.cli import Command, quiet_third_party
+
+SPEC_KEYS = {"config", "out", "overrides", "seeds", "steps", "variants"}
+DEFAULT_CONFIG = "configs/demo.yaml"
 
 # Averaged over the last tenth of a run's steps: (column, metric).
 LATE = (("flat", "critic/flat_groups"), ("all_wrong", "critic/flat_groups_all_wrong"), ("entropy", "actor/entropy"))
@@ -62,6 +67,17 @@ def prepare_seed(command: Command, out: Path, seed: int) -> tuple[list[str], flo
     return [*where, f"trainer.init={checkpoint}", "trainer.resume=never"], sft_acc
 
 
+def load_spec(path: str | Path) -> dict[str, Any]:
+    """The sweep file at ``path``, checked: known keys only, and at least one variant."""
+    spec = yaml.safe_load(Path(path).read_text()) or {}
+    unknown = sorted(set(spec) - SPEC_KEYS)
+    if unknown:
+        raise ValueError(f"sweep file {path}: unknown keys {unknown}; the keys are {sorted(SPEC_KEYS)}")
+    if not spec.get("variants"):
+        raise ValueError(f"sweep file {path}: no variants; give `variants: {{name: [overrides...]}}`")
+    return spec
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     def cell(value: Any) -> str:
         return f"{value:.3f}" if isinstance(value, float) else ("" if value is None else str(value))
@@ -75,14 +91,16 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", default="configs/demo.yaml")
+    parser.add_argument("--config", default=None,
+                        help=f"the run config (default: the sweep file's `config`, else {DEFAULT_CONFIG})")
     parser.add_argument("--sweep", required=True, help="the sweep file: seeds, steps, variants")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     quiet_third_party()
-    spec = yaml.safe_load(Path(args.sweep).read_text())
+    spec = load_spec(args.sweep)
     out = Path(spec.get("out", f"outputs/sweeps/{Path(args.sweep).stem}"))
-    command = Command(args.config, (*spec.get("overrides", []), *args.overrides))
+    config = args.config or spec.get("config", DEFAULT_CONFIG)
+    command = Command(config, (*spec.get("overrides", []), *args.overrides))
     rows: list[dict[str, Any]] = []
     for seed in spec.get("seeds", [0]):
         where, sft_acc = prepare_seed(command, out / f"seed{seed}", seed)

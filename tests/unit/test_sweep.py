@@ -1,13 +1,19 @@
-"""The sweep's table: the late means it reads back from a real MLflow store, and its rows as markdown."""
+"""The sweep's table: the late means it reads back from a real MLflow store, and its rows as markdown; the
+sweep files: every shipped variant is a valid run config."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from pipelines.sweep import late_mean, markdown, run_row
+from mmrl.run_config import load_run_config
+from pipelines.sweep import DEFAULT_CONFIG, load_spec, late_mean, markdown, run_row
+
+ROOT = Path(__file__).resolve().parents[2]
+SWEEPS = sorted(ROOT.joinpath("configs/sweeps").glob("*.yaml"))
 
 
 def test_late_means_are_over_the_last_tenth_of_the_logged_steps(empty_mlflow_db, tmp_path):
@@ -30,3 +36,28 @@ def test_the_table_keeps_failed_runs_with_their_error():
     lines = table.splitlines()
     assert lines[0].startswith("| variant | seed | sft_acc | test_acc | gain |") and len(lines) == 4
     assert "| grpo | 0 | 0.362 | 0.500 | 0.138 |" in lines[2] and lines[3].endswith("| ConfigError: no |")
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_every_variant_of_a_shipped_sweep_is_a_valid_run_config(path):
+    """What the sweep loads for each run (its seed's paths, the variant, the steps), so a renamed or refused key
+    fails here rather than minutes into a sweep."""
+    spec = load_spec(path)
+    where = ["seed=1", "model.path=m", "data.dir=d", "sft.out_dir=s", "trainer.init=s/checkpoint",
+             "trainer.resume=never"]
+    for name, overrides in spec["variants"].items():
+        cfg = load_run_config(ROOT / spec.get("config", DEFAULT_CONFIG),
+                              [*spec.get("overrides", []), *where, *overrides, f"trainer.out_dir=o/{name}",
+                               *([f"trainer.steps={spec['steps']}"] if spec.get("steps") else [])])
+        assert cfg.seed == 1 and cfg.trainer.out_dir == f"o/{name}"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("variants: {a: []}\nsteps: 3\nseed: [1]\n", r"unknown keys \['seed'\]"),
+    ("steps: 3\n", "no variants"),
+])
+def test_a_sweep_file_with_an_unknown_key_or_no_variant_is_refused(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_spec(path)
