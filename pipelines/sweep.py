@@ -8,7 +8,9 @@ data and the SFT policy are built once, as the demo builds them; every variant's
 checkpoint. A run's row: test accuracy, its gain over the SFT start, the median seconds per step, and over
 its last tenth of steps the share of flat groups (every reward of the group equal), of all-wrong groups and the
 entropy. Every run is kept, failed ones too (with their error): ``<out>/sweep.json`` and the markdown table
-``<out>/sweep.md`` are rewritten as each run finishes, so a stopped sweep keeps its rows.
+``<out>/sweep.md`` are rewritten as each run finishes, so a stopped sweep keeps its rows, and a later sweep into
+the same ``out`` keeps the earlier rows of the other (variant, seed) pairs. ``--seeds 1,2`` and
+``--variants a,b`` run a part of the sweep file.
 
     python -m pipelines.sweep --sweep configs/sweeps/counting.yaml
 """
@@ -78,6 +80,27 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     return spec
 
 
+def merge_rows(earlier: list[dict[str, Any]], row: dict[str, Any]) -> list[dict[str, Any]]:
+    """``earlier`` with ``row`` in place of the row of the same (variant, seed), else appended."""
+    def same(r: dict[str, Any]) -> bool:
+        return (r["variant"], r["seed"]) == (row["variant"], row["seed"])
+
+    if any(same(r) for r in earlier):
+        return [row if same(r) else r for r in earlier]
+    return [*earlier, row]
+
+
+def select(spec: dict[str, Any], seeds: str | None, variants: str | None) -> tuple[list[int], dict[str, list[str]]]:
+    """The seeds and variants to run: the sweep file's, or the named part of them (an unknown name is an error)."""
+    all_seeds, all_variants = list(spec.get("seeds", [0])), spec["variants"]
+    chosen_seeds = [int(s) for s in seeds.split(",")] if seeds else all_seeds
+    names = variants.split(",") if variants else list(all_variants)
+    unknown = [n for n in names if n not in all_variants]
+    if unknown:
+        raise ValueError(f"--variants {unknown} not in the sweep file; its variants: {list(all_variants)}")
+    return chosen_seeds, {n: all_variants[n] for n in names}
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     def cell(value: Any) -> str:
         return f"{value:.3f}" if isinstance(value, float) else ("" if value is None else str(value))
@@ -94,6 +117,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--config", default=None,
                         help=f"the run config (default: the sweep file's `config`, else {DEFAULT_CONFIG})")
     parser.add_argument("--sweep", required=True, help="the sweep file: seeds, steps, variants")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds to run (default: the sweep file's)")
+    parser.add_argument("--variants", default=None, help="comma-separated variants to run (default: all)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     quiet_third_party()
@@ -101,11 +126,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     out = Path(spec.get("out", f"outputs/sweeps/{Path(args.sweep).stem}"))
     config = args.config or spec.get("config", DEFAULT_CONFIG)
     command = Command(config, (*spec.get("overrides", []), *args.overrides))
-    rows: list[dict[str, Any]] = []
-    for seed in spec.get("seeds", [0]):
+    seeds, variants = select(spec, args.seeds, args.variants)
+    table = out / "sweep.json"
+    rows: list[dict[str, Any]] = json.loads(table.read_text()) if table.exists() else []
+    for seed in seeds:
         where, sft_acc = prepare_seed(command, out / f"seed{seed}", seed)
-        for name, overrides in spec["variants"].items():
-            rows.append(run_variant(command, out, seed, name, [*where, *overrides], spec.get("steps"), sft_acc))
+        for name, overrides in variants.items():
+            row = run_variant(command, out, seed, name, [*where, *overrides], spec.get("steps"), sft_acc)
+            rows = merge_rows(rows, row)
             out.mkdir(parents=True, exist_ok=True)
             (out / "sweep.json").write_text(json.dumps(rows, indent=2))
             (out / "sweep.md").write_text(markdown(rows))

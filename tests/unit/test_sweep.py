@@ -10,7 +10,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from mmrl.run_config import load_run_config
-from pipelines.sweep import DEFAULT_CONFIG, load_spec, late_mean, markdown, run_row
+from pipelines.sweep import DEFAULT_CONFIG, late_mean, load_spec, markdown, merge_rows, run_row, select
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEPS = sorted(ROOT.joinpath("configs/sweeps").glob("*.yaml"))
@@ -61,3 +61,20 @@ def test_a_sweep_file_with_an_unknown_key_or_no_variant_is_refused(tmp_path, tex
     path.write_text(text)
     with pytest.raises(ValueError, match=message):
         load_spec(path)
+
+
+def test_a_later_sweep_replaces_its_own_rows_and_keeps_the_others():
+    earlier = [{"variant": "grpo", "seed": 0, "test_acc": 0.5}, {"variant": "grpo", "seed": 1, "test_acc": 0.6}]
+    again = merge_rows(earlier, {"variant": "grpo", "seed": 1, "test_acc": 0.7})
+    assert again == [earlier[0], {"variant": "grpo", "seed": 1, "test_acc": 0.7}]
+    new = merge_rows(again, {"variant": "cispo", "seed": 1, "test_acc": 0.4})
+    assert new == [*again, {"variant": "cispo", "seed": 1, "test_acc": 0.4}]
+
+
+def test_a_part_of_the_sweep_is_chosen_by_seed_and_variant_name():
+    spec = {"seeds": [0, 1, 2], "variants": {"a": ["x=1"], "b": [], "c": ["y=2"]}}
+    assert select(spec, None, None) == ([0, 1, 2], spec["variants"])
+    assert select(spec, "2,0", "c,a") == ([2, 0], {"c": ["y=2"], "a": ["x=1"]})
+    assert select({"variants": {"a": []}}, None, None) == ([0], {"a": []})
+    with pytest.raises(ValueError, match=r"\['d'\] not in the sweep file; its variants: \['a', 'b', 'c'\]"):
+        select(spec, None, "a,d")
