@@ -1,6 +1,7 @@
 # mmrl: one target per stage. Every target creates the virtual environment when it is missing.
 #   make demo            model -> data -> sft -> rl -> eval on the embedded defaults
 #   make rm              a reward model from preference pairs; then make rl CONFIG=configs/rlhf.yaml is RLHF
+#   make results         the learning matrix (results/matrix.yaml): results/*.json, then docs/results.md
 #   make test            unit + integration tests
 #   make bench           step time, memory and bytes per worker layout; hf vs vllm rollout throughput
 #   make bench-learning  the learning runs (minutes each) that make test leaves out
@@ -35,10 +36,10 @@ INSTALL := $(PY) -m mmrl.installer
 STAMP := $(VENV)/.mmrl-installed
 STAGE := $(PY) -m pipelines
 
-.PHONY: install model data sft rm rl eval demo sweep bench bench-peer bench-scale bench-learning test-extra gpu-check test test-unit test-integration ui clean help
+.PHONY: install model data sft rm rl eval demo results canary docs sweep bench bench-peer bench-scale bench-learning test-extra gpu-check test test-unit test-integration ui clean help
 
 help:
-	@sed -n '1,8p' Makefile
+	@sed -n '1,9p' Makefile
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -71,6 +72,20 @@ eval: $(STAMP)
 
 demo: $(STAMP)
 	$(STAGE).demo --config $(CONFIG) $(ARGS)
+
+# The learning matrix (results/matrix.yaml), one demo process per run: results/<entry>/seed<N>.json, then
+# docs/results.md and its curves rendered from every record. ONLY=<entry>[,<entry>] SEEDS=0,1 run a part of it.
+results: $(STAMP)
+	$(STAGE).results $(if $(ONLY),--only $(ONLY),) $(if $(SEEDS),--seeds $(SEEDS),) $(ARGS)
+
+# CI's learning guard (.ci/run calls it after make test): the colour demo on its full recipe (seed 0) must reach
+# 0.90, and the agent loop a short tool task's bar (configs/canary_agent.yaml).
+canary: $(STAMP)
+	$(STAGE).demo --config configs/demo.yaml seed=0 bar.rl_acc=0.90 bar.rl_minutes=0 $(ARGS)
+	$(STAGE).demo --config configs/canary_agent.yaml $(ARGS)
+
+docs: $(STAMP)
+	$(STAGE).docs
 
 # A benchmark, not a test: mmrl against TRL's GRPOTrainer on the same GRPO work (bench-peer), then step time,
 # memory and bytes per layout (about 3.5 min on 2 cores), then the rollout engines (hf vs vllm) side by side,

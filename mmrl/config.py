@@ -704,6 +704,19 @@ class TrackingConfig:
 
 
 @dataclass(kw_only=True)
+class BarConfig:
+    """The bar a demo config must meet (``make demo`` prints PASS or FAIL against it; ``make results`` records it).
+    A demo's accuracies are greedy, on the test split; 0 leaves that bar unset."""
+
+    rl_acc: float = num(0.0, ge=0, le=1)
+    """The accuracy the RL checkpoint must reach."""
+    gain: float = num(0.0, ge=-1, le=1)
+    """The least gain of the RL checkpoint over the SFT start (``rl_acc - sft_acc``)."""
+    rl_minutes: float = num(0.0, ge=0)
+    """The most minutes the RL stage may take (the demo summary's own time; 0: no time bar)."""
+
+
+@dataclass(kw_only=True)
 class Config:
     seed: int = num(0, ge=0)
     """The one seed: synthetic data (each split derives its own), model init, SFT and RL sampling."""
@@ -721,6 +734,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    bar: BarConfig = field(default_factory=BarConfig)
 
     given_keys: frozenset[str] = field(default=frozenset(), repr=False, compare=False, metadata={"key": False})
     """Not a config key: the dotted keys the YAML chain and the overrides set (``"algorithm.filter_k"``;

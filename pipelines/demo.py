@@ -1,7 +1,8 @@
 """Stage ``make demo``: model -> data -> sft -> rl -> eval on the embedded defaults, in one process.
 
 Prints ``demo: sft_acc=X rl_acc=Y rl_steps=N minutes=M`` (test-split accuracies of the SFT and RL
-checkpoints) and writes ``outputs/demo/summary.json``. The RL stage starts fresh (``trainer.resume=never``)
+checkpoints), then the config's bar (``bar.*``: the accuracy to reach, the gain over SFT, the RL minutes) and
+whether the run met it, and writes ``outputs/demo/summary.json``. A run that misses its bar exits with status 1. The RL stage starts fresh (``trainer.resume=never``)
 unless a checkpoint path is given: the demo rebuilds everything it would resume from.
 
 With ``rollout.agent.enabled`` (``configs/agent_demo.yaml``) the accuracies are of episodes with the run's
@@ -15,9 +16,11 @@ the tools (calls per episode, the share of zoom calls on the right region).
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
+from mmrl.config import BarConfig
 from mmrl.models.loading import load_model
 from mmrl.models.tiny import build_tiny_vlm, count_parameters
 from mmrl.trainer.eval_checkpoint import run_eval
@@ -78,14 +81,29 @@ def main(argv: list[str] | None = None) -> dict:
         "seed": cfg.seed,
         **tools,
     }
+    summary["bar"] = check_bar(cfg.bar, summary)
     SUMMARY.parent.mkdir(parents=True, exist_ok=True)
     SUMMARY.write_text(json.dumps(summary, indent=2))
     print(f"demo: sft_acc={summary['sft_acc']:.3f} rl_acc={summary['rl_acc']:.3f} "
           f"rl_steps={summary['rl_steps']} minutes={minutes:.1f}")
+    print(f"demo: bar {summary['bar']['text']}: {'PASS' if summary['bar']['passed'] else 'FAIL'}")
     if tools:
         print(f"demo: without tools sft_acc={tools['sft_acc_no_tools']:.3f} rl_acc={tools['rl_acc_no_tools']:.3f}; "
               f"tool use after sft {_rounded(tools['sft_tool_use'])}, after rl {_rounded(tools['rl_tool_use'])}")
     return summary
+
+
+def check_bar(bar: BarConfig, summary: dict) -> dict:
+    """Whether the run met ``bar``: the bar's values, ``passed``, the misses (``failures``) and a one-line ``text``."""
+    rl_minutes = summary["stage_seconds"]["rl"] / 60
+    gain = summary["rl_acc"] - summary["sft_acc"]
+    checks = [(f"rl_acc>={bar.rl_acc:.2f}", bar.rl_acc > 0, summary["rl_acc"] >= bar.rl_acc, summary["rl_acc"]),
+              (f"gain>={bar.gain:+.2f}", bar.gain != 0, gain >= bar.gain, gain),
+              (f"rl_minutes<={bar.rl_minutes:.1f}", bar.rl_minutes > 0, rl_minutes <= bar.rl_minutes, rl_minutes)]
+    failures = [f"{name} (got {value:.3f})" for name, wanted, met, value in checks if wanted and not met]
+    text = " ".join(name for name, wanted, _, _ in checks if wanted) or "none set"
+    return {"rl_acc": bar.rl_acc, "gain": bar.gain, "rl_minutes": bar.rl_minutes, "rl_minutes_taken": rl_minutes,
+            "passed": not failures, "failures": failures, "text": text}
 
 
 def _rounded(metrics: dict[str, float]) -> dict[str, float]:
@@ -93,4 +111,4 @@ def _rounded(metrics: dict[str, float]) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(0 if main()["bar"]["passed"] else 1)

@@ -1,4 +1,4 @@
-"""The driver's per-step metrics, computed from a step's Batch (names in the design.md vocabulary)."""
+"""The driver's per-step metrics, computed from a step's Batch (names as in docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The RL driver: one controller program over the hybrid actor/rollout/reference worker group (and the
 critic group when the algorithm needs one).
 
-One step, as in design.md::
+One step, as in docs/architecture.md::
 
     prompts -> the algorithm's collection (generate n responses, rewards, extra rollouts, filter, more rounds)
     -> old (and ref) log-probs -> (critic values) -> the algorithm's advantages -> (critic update) -> actor update

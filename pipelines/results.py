@@ -1,0 +1,290 @@
+"""Stage ``make results``: run the learning matrix, keep one record per run, render ``docs/results.md``.
+
+The matrix (``results/matrix.yaml``) names each demo: its config, extra overrides and seeds. Every run is
+``python -m pipelines.demo --config <config> seed=<N> <args>`` in a process of its own (as a user runs it); its
+record, ``results/<entry>/seed<N>.json``, holds the commit, the config and its hash, the command, the seed, the
+accuracies, the bar and whether it was met, the wall and RL times, the MLflow run id, the curves (val accuracy,
+mean score, entropy per step) and the machine. ``docs/results.md`` (tables) and ``docs/results/<entry>.png``
+(curves) are rendered from every record under ``results/``, so each figure there names the run it came from.
+
+    python -m pipelines.results                        # every entry, every seed, then render
+    python -m pipelines.results --only demo --seeds 0  # one entry, one seed, then render
+    python -m pipelines.results --render              # render only
+    python -m pipelines.results --check               # exit 1 when docs/results.md differs from the records
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+MATRIX = ROOT / "results/matrix.yaml"
+RESULTS = ROOT / "results"
+DOC = ROOT / "docs/results.md"
+CURVES = {"val_acc": "val/acc", "score": "critic/score/mean", "entropy": "actor/entropy"}
+ENTRY_KEYS = {"config", "seeds", "args", "title", "group"}
+SUMMARY = ROOT / "outputs/demo/summary.json"
+
+
+# ---- the matrix -------------------------------------------------------------------------------------------
+
+def load_matrix(path: Path = MATRIX) -> dict[str, dict[str, Any]]:
+    """The matrix file's entries, checked: known keys, a config that exists, integer seeds."""
+    matrix = yaml.safe_load(path.read_text()) or {}
+    for name, entry in matrix.items():
+        unknown = sorted(set(entry) - ENTRY_KEYS)
+        if unknown:
+            raise ValueError(f"{path}: entry {name!r} has unknown keys {unknown}; the keys are {sorted(ENTRY_KEYS)}")
+        if "config" not in entry or not (ROOT / entry["config"]).is_file():
+            raise ValueError(f"{path}: entry {name!r} needs `config:` naming a file under {ROOT}")
+        entry.setdefault("seeds", [0])
+        entry.setdefault("args", [])
+        if not all(isinstance(s, int) for s in entry["seeds"]):
+            raise ValueError(f"{path}: entry {name!r}: seeds must be integers, got {entry['seeds']}")
+    return matrix
+
+
+def select(matrix: dict[str, dict[str, Any]], only: str | None, seeds: str | None) -> list[tuple[str, int]]:
+    """The (entry, seed) runs asked for: the whole matrix, or the entries of ``only`` (comma-separated) on the
+    seeds of ``seeds`` (comma-separated; default: each entry's own)."""
+    names = only.split(",") if only else list(matrix)
+    unknown = [n for n in names if n not in matrix]
+    if unknown:
+        raise ValueError(f"ONLY={','.join(unknown)} is not in {MATRIX.name}; its entries: {', '.join(matrix)}")
+    chosen = [int(s) for s in seeds.split(",")] if seeds else None
+    return [(name, seed) for name in names for seed in (chosen if chosen is not None else matrix[name]["seeds"])]
+
+
+# ---- one run --------------------------------------------------------------------------------------------
+
+def machine() -> dict[str, Any]:
+    """The machine a run ran on: CPU model, cores, torch threads, the library versions that set its numbers."""
+    import torch
+    import transformers
+
+    cpu = platform.processor() or "unknown"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def commit() -> str:
+    from mmrl.tracking import git_commit
+
+    return git_commit()
+
+
+def config_hash(config: str, overrides: list[str]) -> str:
+    """sha256 (16 hex digits) of the run's resolved config: equal hashes, equal runs' configs."""
+    from mmrl.config import to_dict
+    from mmrl.run_config import load_run_config
+
+    cfg = load_run_config(ROOT / config, overrides)
+    return hashlib.sha256(json.dumps(to_dict(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def curves(run_id: str, config: str, overrides: list[str]) -> dict[str, list[list[float]]]:
+    """The run's logged curves, ``name -> [[step, value], ...]``, read back from its MLflow store."""
+    from mlflow.tracking import MlflowClient
+
+    from mmrl.run_config import load_run_config
+    from mmrl.tracking import tracking_uri
+
+    client = MlflowClient(tracking_uri(load_run_config(ROOT / config, overrides).tracking))
+    out = {}
+    for name, metric in CURVES.items():
+        history = sorted(client.get_metric_history(run_id, metric), key=lambda p: p.step)
+        out[name] = [[p.step, round(p.value, 4)] for p in history]
+    return out
+
+
+def run_one(name: str, entry: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Run ``entry`` on ``seed`` as ``make demo`` would; write and return its record."""
+    overrides = [f"seed={seed}", *entry["args"]]
+    command = [sys.executable, "-m", "pipelines.demo", "--config", entry["config"], *overrides]
+    log_path = ROOT / "outputs/results" / f"{name}-seed{seed}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    SUMMARY.unlink(missing_ok=True)
+    print(f"results: {name} seed {seed}: {' '.join(command[1:])} (log: {log_path.relative_to(ROOT)})", flush=True)
+    start = time.time()
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:  # the demo's progress, shown as it runs and kept in the log
+            log.write(line)
+            if line.startswith(("step ", "demo:")):
+                print(f"  {line}", end="", flush=True)
+        returncode = proc.wait()
+    record: dict[str, Any] = {
+        "entry": name, "title": entry.get("title", name), "group": entry.get("group", ""), "seed": seed,
+        "commit": commit(), "config": entry["config"], "args": entry["args"],
+        "config_sha256": config_hash(entry["config"], overrides), "command": " ".join(["python", *command[1:]]),
+        "returncode": returncode, "wall_minutes": round((time.time() - start) / 60, 2), "machine": machine(),
+    }
+    if SUMMARY.exists():
+        summary = json.loads(SUMMARY.read_text())
+        record |= {key: summary[key] for key in ("sft_acc", "rl_acc", "rl_steps", "mlflow_run_id", "stage_seconds",
+                                                 "bar") if key in summary}
+        record |= {key: summary[key] for key in summary if key.endswith("_no_tools")}
+        record["gain"] = round(summary["rl_acc"] - summary["sft_acc"], 4)
+        record["rl_minutes"] = round(summary["stage_seconds"]["rl"] / 60, 2)
+        record["curves"] = curves(summary["mlflow_run_id"], entry["config"], overrides)
+    else:
+        record["error"] = "".join(log_path.read_text().splitlines(keepends=True)[-20:])
+    path = RESULTS / name / f"seed{seed}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+# ---- rendering ------------------------------------------------------------------------------------------
+
+def load_records(results: Path = RESULTS) -> list[dict[str, Any]]:
+    """Every record under ``results`` (``<entry>/seed<N>.json``), by entry then seed."""
+    records = [json.loads(p.read_text()) for p in sorted(results.glob("*/seed*.json"))]
+    return sorted(records, key=lambda r: (r["entry"], r["seed"]))
+
+
+def _acc(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _bar_text(bar: dict[str, Any] | None) -> str:
+    return bar["text"] if bar else "-"
+
+
+def entry_table(records: list[dict[str, Any]]) -> list[str]:
+    """One entry's runs: a row per seed, then how many met the bar."""
+    lines = ["| seed | SFT acc | RL acc | gain | RL min | wall min | bar met | commit | machine |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        met = "-" if "bar" not in r else ("yes" if r["bar"]["passed"] else "**no**")
+        if "error" in r:
+            met = f"failed (exit {r['returncode']})"
+        lines.append(f"| {r['seed']} | {_acc(r.get('sft_acc'))} | {_acc(r.get('rl_acc'))} | "
+                     f"{'-' if 'gain' not in r else format(r['gain'], '+.3f')} | {r.get('rl_minutes', '-')} | "
+                     f"{r['wall_minutes']} | {met} | `{r['commit'][:7]}{'+dirty' if r['commit'].endswith('+dirty') else ''}` | "
+                     f"{r['machine']['cores']} cores, {r['machine']['cpu']} |")
+    passed = sum(1 for r in records if r.get("bar", {}).get("passed"))
+    lines += ["", f"Bar ({_bar_text(records[0].get('bar'))}): met on {passed} of {len(records)} seeds."]
+    return lines
+
+
+def group_table(entries: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The entries of one group side by side: a row per entry, the RL accuracy per seed, the seeds that met the bar."""
+    seeds = sorted({r["seed"] for records in entries.values() for r in records})
+    lines = ["| variant | args | " + " | ".join(f"seed {s}" for s in seeds) + " | bar met |",
+             "|---|---|" + "---|" * len(seeds) + "---|"]
+    for name, records in entries.items():
+        by_seed = {r["seed"]: r for r in records}
+        cells = [_acc(by_seed[s].get("rl_acc")) if s in by_seed else "" for s in seeds]
+        passed = sum(1 for r in records if r.get("bar", {}).get("passed"))
+        args = " ".join(f"`{a}`" for a in records[0]["args"]) or "(the config as shipped)"
+        lines.append(f"| {name} | {args} | " + " | ".join(cells) + f" | {passed} of {len(records)} |")
+    return lines
+
+
+def render(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]]) -> str:
+    """``docs/results.md``: per entry (in the matrix's order, then any other recorded), its table and curve; a
+    group's entries also side by side."""
+    by_entry: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_entry.setdefault(r["entry"], []).append(r)
+    order = [n for n in matrix if n in by_entry] + sorted(n for n in by_entry if n not in matrix)
+    lines = ["# Results", "",
+             "Generated by `make results` from the records under `results/` (one JSON per run: commit, config and its "
+             "hash, command, seed, accuracies, times, MLflow run id, curves, machine). Do not edit: rerun "
+             "`make results ONLY=<entry> SEEDS=<seeds>`, or `python -m pipelines.results --render`. Accuracies are "
+             "greedy, on each demo's test split; times are the demo's own (2 CPU cores unless the machine column "
+             "says otherwise).", ""]
+    groups: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for name in order:
+        group = by_entry[name][0].get("group", "")
+        if group:
+            groups.setdefault(group, {})[name] = by_entry[name]
+    for group, entries in groups.items():
+        lines += [f"## {group}", "", *group_table(entries), ""]
+    for name in order:
+        records_ = by_entry[name]
+        first = records_[0]
+        args = " ".join(first["args"])
+        lines += [f"## {first.get('title', name)}", "",
+                  f"`make results ONLY={name}`: `make demo CONFIG={first['config']}"
+                  f"{' ARGS=' + chr(34) + args + chr(34) if args else ''}` per seed.", "",
+                  *entry_table(records_), "", f"![val accuracy, {name}](results/{name}.png)", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def plot(records: list[dict[str, Any]], out_dir: Path) -> None:
+    """``<out_dir>/<entry>.png``: validation accuracy against the RL step, a line per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_entry: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_entry.setdefault(r["entry"], []).append(r)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, runs in by_entry.items():
+        fig, ax = plt.subplots(figsize=(5, 3), dpi=100)
+        for r in runs:
+            points = r.get("curves", {}).get("val_acc", [])
+            if points:
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=f"seed {r['seed']}")
+        ax.set(xlabel="RL step", ylabel="val accuracy", ylim=(0, 1.02), title=name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out_dir / f"{name}.png", metadata={"Software": None})
+        plt.close(fig)
+
+
+def write_docs(matrix: dict[str, dict[str, Any]]) -> None:
+    records = load_records()
+    DOC.parent.mkdir(parents=True, exist_ok=True)
+    DOC.write_text(render(records, matrix))
+    plot(records, DOC.parent / "results")
+    print(f"results: {len(records)} records -> {DOC.relative_to(ROOT)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default=None, help="comma-separated entries of the matrix (default: all)")
+    parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: each entry's)")
+    parser.add_argument("--render", action="store_true", help="only render docs/results.md from the records")
+    parser.add_argument("--check", action="store_true", help="exit 1 when docs/results.md is not the records'")
+    args = parser.parse_args(argv)
+    matrix = load_matrix()
+    if args.check:
+        stale = not DOC.exists() or DOC.read_text() != render(load_records(), matrix)
+        if stale:
+            print(f"{DOC.relative_to(ROOT)} differs from the records under results/: run "
+                  "`python -m pipelines.results --render`", file=sys.stderr)
+        return int(stale)
+    if not args.render:
+        for name, seed in select(matrix, args.only, args.seeds):
+            record = run_one(name, matrix[name], seed)
+            print(f"results: {name} seed {seed}: rl_acc={_acc(record.get('rl_acc'))} "
+                  f"bar {'met' if record.get('bar', {}).get('passed') else 'NOT met'}", flush=True)
+    write_docs(matrix)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""make results: the records under results/ render docs/results.md; the demo's bar check; the matrix file."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from mmrl.config import BarConfig
+from pipelines import results
+from pipelines.demo import check_bar
+
+
+def record(entry: str, seed: int, sft: float, rl: float, passed: bool, group: str = "", args=()) -> dict:
+    return {"entry": entry, "title": entry, "group": group, "seed": seed, "commit": "0123456789abcdef",
+            "config": "configs/demo.yaml", "args": list(args), "returncode": 0 if passed else 1,
+            "wall_minutes": 4.5, "rl_minutes": 3.25, "sft_acc": sft, "rl_acc": rl, "gain": round(rl - sft, 4),
+            "bar": {"text": "rl_acc>=0.95", "passed": passed},
+            "machine": {"cores": 2, "cpu": "Test CPU"}, "curves": {"val_acc": [[50, 0.5], [100, rl]]}}
+
+
+def test_the_committed_results_page_is_what_the_records_render():
+    """docs/results.md is rendered from results/*/seed*.json; editing either alone fails this test."""
+    matrix = results.load_matrix()
+    expected = results.render(results.load_records(), matrix)
+    assert results.DOC.read_text() == expected, "run `python -m pipelines.results --render` and commit the page"
+
+
+def test_the_committed_results_page_changes_when_a_record_does():
+    records = results.load_records()
+    assert records, "results/ holds no records"
+    changed = copy.deepcopy(records)
+    changed[0]["rl_acc"] = 0.123456
+    assert results.render(changed, results.load_matrix()) != results.DOC.read_text()
+
+
+def test_an_entry_table_shows_each_seed_and_counts_the_bar():
+    runs = [record("demo", 0, 0.305, 1.0, True), record("demo", 1, 0.142, 0.652, False)]
+    page = results.render(runs, {"demo": {"config": "configs/demo.yaml"}})
+    assert "| 0 | 0.305 | 1.000 | +0.695 | 3.25 | 4.5 | yes | `0123456` | 2 cores, Test CPU |" in page
+    assert "| 1 | 0.142 | 0.652 | +0.510 | 3.25 | 4.5 | **no** |" in page
+    assert "Bar (rl_acc>=0.95): met on 1 of 2 seeds." in page
+
+
+def test_a_group_shows_its_variants_side_by_side():
+    runs = [record("plain", 0, 0.3, 0.65, False, "levers"), record("plain", 4, 0.3, 0.97, True, "levers"),
+            record("guided", 0, 0.3, 1.0, True, "levers", ["trainer.guide_unsolved=true"])]
+    page = results.render(runs, {})
+    assert "| plain | (the config as shipped) | 0.650 | 0.970 | 1 of 2 |" in page
+    assert "| guided | `trainer.guide_unsolved=true` | 1.000 |  | 1 of 1 |" in page
+
+
+def test_a_failed_run_is_a_row_too():
+    failed = {**record("demo", 2, 0.0, 0.0, False), "returncode": 137, "error": "Killed"}
+    for key in ("sft_acc", "rl_acc", "gain", "bar", "rl_minutes"):
+        failed.pop(key)
+    page = results.render([failed], {})
+    assert "| 2 | - | - | - | - | 4.5 | failed (exit 137) |" in page
+
+
+def test_records_load_by_entry_then_seed(tmp_path: Path):
+    for entry, seed in (("b", 1), ("a", 2), ("a", 0)):
+        (tmp_path / entry).mkdir(exist_ok=True)
+        (tmp_path / entry / f"seed{seed}.json").write_text(json.dumps(record(entry, seed, 0.1, 0.2, False)))
+    assert [(r["entry"], r["seed"]) for r in results.load_records(tmp_path)] == [("a", 0), ("a", 2), ("b", 1)]
+
+
+def test_select_runs_the_part_asked_for_and_names_the_entries_on_a_typo():
+    matrix = {"demo": {"seeds": [0, 1, 2]}, "ppo": {"seeds": [0]}}
+    assert results.select(matrix, None, None) == [("demo", 0), ("demo", 1), ("demo", 2), ("ppo", 0)]
+    assert results.select(matrix, "ppo", "3,4") == [("ppo", 3), ("ppo", 4)]
+    with pytest.raises(ValueError, match="its entries: demo, ppo"):
+        results.select(matrix, "dmeo", None)
+
+
+def test_the_matrix_refuses_unknown_keys_and_missing_configs(tmp_path: Path):
+    bad = tmp_path / "m.yaml"
+    bad.write_text("demo: {config: configs/demo.yaml, seed: [0]}\n")
+    with pytest.raises(ValueError, match="unknown keys \\['seed'\\]"):
+        results.load_matrix(bad)
+    bad.write_text("demo: {config: configs/nope.yaml}\n")
+    with pytest.raises(ValueError, match="needs `config:`"):
+        results.load_matrix(bad)
+    for name, entry in results.load_matrix().items():  # the shipped matrix loads, every config exists
+        assert (results.ROOT / entry["config"]).is_file(), name
+
+
+def summary(sft: float, rl: float, rl_s: float) -> dict:
+    return {"sft_acc": sft, "rl_acc": rl, "stage_seconds": {"rl": rl_s}}
+
+
+def test_the_demo_bar_passes_only_when_every_set_bar_is_met():
+    bar = BarConfig(rl_acc=0.95, gain=0.3, rl_minutes=4.0)
+    assert check_bar(bar, summary(0.3, 0.96, 200))["passed"]
+    missed = check_bar(bar, summary(0.7, 0.96, 300))  # gain 0.26, 5 minutes
+    assert not missed["passed"]
+    assert missed["failures"] == ["gain>=+0.30 (got 0.260)", "rl_minutes<=4.0 (got 5.000)"]
+    assert not check_bar(bar, summary(0.3, 0.949, 200))["passed"]
+    unset = check_bar(BarConfig(), summary(0.9, 0.1, 1e6))  # no bar set: nothing to miss
+    assert unset["passed"] and unset["text"] == "none set"
