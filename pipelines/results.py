@@ -33,7 +33,7 @@ MATRIX = ROOT / "results/matrix.yaml"
 RESULTS = ROOT / "results"
 DOC = ROOT / "docs/results.md"
 CURVES = {"val_acc": "val/acc", "score": "critic/score/mean", "entropy": "actor/entropy"}
-ENTRY_KEYS = {"config", "seeds", "args", "title", "group"}
+ENTRY_KEYS = {"config", "seeds", "args", "title", "group", "note"}
 SUMMARY = ROOT / "outputs/demo/summary.json"
 
 
@@ -122,7 +122,7 @@ def run_one(name: str, entry: dict[str, Any], seed: int) -> dict[str, Any]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     SUMMARY.unlink(missing_ok=True)
     print(f"results: {name} seed {seed}: {' '.join(command[1:])} (log: {log_path.relative_to(ROOT)})", flush=True)
-    start = time.time()
+    start, code = time.time(), commit()  # the code the run starts from
     with log_path.open("w") as log:
         proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:  # the demo's progress, shown as it runs and kept in the log
@@ -132,7 +132,7 @@ def run_one(name: str, entry: dict[str, Any], seed: int) -> dict[str, Any]:
         returncode = proc.wait()
     record: dict[str, Any] = {
         "entry": name, "title": entry.get("title", name), "group": entry.get("group", ""), "seed": seed,
-        "commit": commit(), "config": entry["config"], "args": entry["args"],
+        "commit": code, "config": entry["config"], "args": entry["args"],
         "config_sha256": config_hash(entry["config"], overrides), "command": " ".join(["python", *command[1:]]),
         "returncode": returncode, "wall_minutes": round((time.time() - start) / 60, 2), "machine": machine(),
     }
@@ -199,6 +199,29 @@ def group_table(entries: dict[str, list[dict[str, Any]]]) -> list[str]:
     return lines
 
 
+def repeats(records: list[dict[str, Any]]) -> list[str]:
+    """Runs of one config hash and seed side by side: whether their accuracies and curves are identical."""
+    same: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in records:
+        same.setdefault((r["config_sha256"], r["seed"]), []).append(r)
+    lines = ["## Repeats", "",
+             "Records of the same resolved config (its hash) and seed, run apart: on one machine a run repeats itself "
+             "exactly. Between machines it need not: the float kernels torch picks for a CPU (its vector units) round "
+             "differently, and an SFT start that differs in its last bits samples other rollouts from the first RL "
+             "step on; the machine column says where each run ran.", "",
+             "| config hash | seed | runs | accuracies identical | curves identical | machines |", "|---|---|---|---|---|---|"]
+    for (digest, seed), runs in sorted(same.items()):
+        if len(runs) < 2:
+            continue
+        accs = {(r.get("sft_acc"), r.get("rl_acc")) for r in runs}
+        curves_ = {json.dumps(r.get("curves"), sort_keys=True) for r in runs}
+        machines = {f"{r['machine']['cores']} cores, {r['machine']['cpu']}" for r in runs}
+        lines.append(f"| `{digest}` | {seed} | {', '.join(r['entry'] for r in runs)} | "
+                     f"{'yes' if len(accs) == 1 else '**no**'} | {'yes' if len(curves_) == 1 else '**no**'} | "
+                     f"{'; '.join(sorted(machines))} |")
+    return lines
+
+
 def render(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]]) -> str:
     """``docs/results.md``: per entry (in the matrix's order, then any other recorded), its table and curve; a
     group's entries also side by side."""
@@ -219,6 +242,7 @@ def render(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]]) -> 
             groups.setdefault(group, {})[name] = by_entry[name]
     for group, entries in groups.items():
         lines += [f"## {group}", "", *group_table(entries), ""]
+    lines += [*repeats(records), ""]
     for name in order:
         records_ = by_entry[name]
         first = records_[0]
@@ -226,6 +250,7 @@ def render(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]]) -> 
         lines += [f"## {first.get('title', name)}", "",
                   f"`make results ONLY={name}`: `make demo CONFIG={first['config']}"
                   f"{' ARGS=' + chr(34) + args + chr(34) if args else ''}` per seed.", "",
+                  *([matrix[name]["note"].strip(), ""] if matrix.get(name, {}).get("note") else []),
                   *entry_table(records_), "", f"![val accuracy, {name}](results/{name}.png)", ""]
     return "\n".join(lines).rstrip() + "\n"
 

@@ -18,7 +18,7 @@ def record(entry: str, seed: int, sft: float, rl: float, passed: bool, group: st
             "config": "configs/demo.yaml", "args": list(args), "returncode": 0 if passed else 1,
             "wall_minutes": 4.5, "rl_minutes": 3.25, "sft_acc": sft, "rl_acc": rl, "gain": round(rl - sft, 4),
             "bar": {"text": "rl_acc>=0.95", "passed": passed},
-            "machine": {"cores": 2, "cpu": "Test CPU"}, "curves": {"val_acc": [[50, 0.5], [100, rl]]}}
+            "machine": {"cores": 2, "cpu": "Test CPU"}, "config_sha256": "0", "curves": {"val_acc": [[50, 0.5], [100, rl]]}}
 
 
 def test_the_committed_results_page_is_what_the_records_render():
@@ -100,3 +100,24 @@ def test_the_demo_bar_passes_only_when_every_set_bar_is_met():
     assert not check_bar(bar, summary(0.3, 0.949, 200))["passed"]
     unset = check_bar(BarConfig(), summary(0.9, 0.1, 1e6))  # no bar set: nothing to miss
     assert unset["passed"] and unset["text"] == "none set"
+
+
+def test_every_entry_of_the_matrix_loads_as_a_run_config():
+    """A misspelt key in an entry's args fails here, not minutes into `make results`."""
+    from mmrl.run_config import load_run_config
+
+    for name, entry in results.load_matrix().items():
+        cfg = load_run_config(results.ROOT / entry["config"], [f"seed={entry['seeds'][0]}", *entry["args"]])
+        assert cfg.seed == entry["seeds"][0], name
+
+
+def test_repeats_compare_runs_of_one_config_hash_and_seed():
+    a, b = record("demo", 0, 0.3, 1.0, True), record("demo-repeat", 0, 0.3, 1.0, True)
+    c = record("demo", 1, 0.1, 0.9, False)
+    for r in (a, b, c):
+        r["config_sha256"] = "abc"
+    lines = results.repeats([a, b, c])
+    assert "| `abc` | 0 | demo, demo-repeat | yes | yes | 2 cores, Test CPU |" in lines
+    b["curves"] = {"val_acc": [[50, 0.4], [100, 1.0]]}
+    assert "| `abc` | 0 | demo, demo-repeat | yes | **no** | 2 cores, Test CPU |" in results.repeats([a, b, c])
+    assert not any("| 1 |" in line for line in results.repeats([a, b, c]))  # one run of seed 1: nothing to compare
