@@ -242,6 +242,12 @@ def render(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]]) -> 
             groups.setdefault(group, {})[name] = by_entry[name]
     for group, entries in groups.items():
         lines += [f"## {group}", "", *group_table(entries), ""]
+    missing = [n for n in matrix if n not in by_entry]
+    if missing:
+        lines += ["## Not measured", "",
+                  "Entries of the matrix with no record yet (their configs state a bar; no figure is shown until "
+                  "`make results ONLY=<entry>` has run them): " + ", ".join(f"`{n}` ({matrix[n]['config']})"
+                                                                             for n in missing) + ".", ""]
     lines += [*repeats(records), ""]
     for name in order:
         records_ = by_entry[name]

@@ -121,3 +121,10 @@ def test_repeats_compare_runs_of_one_config_hash_and_seed():
     b["curves"] = {"val_acc": [[50, 0.4], [100, 1.0]]}
     assert "| `abc` | 0 | demo, demo-repeat | yes | **no** | 2 cores, Test CPU |" in results.repeats([a, b, c])
     assert not any("| 1 |" in line for line in results.repeats([a, b, c]))  # one run of seed 1: nothing to compare
+
+
+def test_entries_without_records_are_named_not_measured():
+    runs = [record("demo", 0, 0.305, 1.0, True)]
+    page = results.render(runs, {"demo": {"config": "configs/demo.yaml"}, "video": {"config": "configs/video_demo.yaml"}})
+    assert "## Not measured" in page and "`video` (configs/video_demo.yaml)" in page
+    assert "## Not measured" not in results.render(runs, {"demo": {"config": "configs/demo.yaml"}})
