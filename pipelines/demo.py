@@ -2,7 +2,8 @@
 
 Prints ``demo: sft_acc=X rl_acc=Y rl_steps=N minutes=M`` (test-split accuracies of the SFT and RL
 checkpoints), then the config's bar (``bar.*``: the accuracy to reach, the gain over SFT, the RL minutes) and
-whether the run met it, and writes ``outputs/demo/summary.json``. A run that misses its bar exits with status 1. The RL stage starts fresh (``trainer.resume=never``)
+whether the run met it, and writes ``outputs/demo/summary.json``. A run that misses its bar exits with status 1.
+The RL stage starts fresh (``trainer.resume=never``)
 unless a checkpoint path is given: the demo rebuilds everything it would resume from.
 
 With ``rollout.agent.enabled`` (``configs/agent_demo.yaml``) the accuracies are of episodes with the run's

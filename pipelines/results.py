@@ -148,8 +148,18 @@ def run_one(name: str, entry: dict[str, Any], seed: int) -> dict[str, Any]:
         record["error"] = "".join(log_path.read_text().splitlines(keepends=True)[-20:])
     path = RESULTS / name / f"seed{seed}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    path.write_text(dump_record(record))
     return record
+
+
+def dump_record(record: dict[str, Any]) -> str:
+    """A record as JSON, one key a line, each curve on a line of its own (a diff shows which value moved)."""
+    curves_ = record.get("curves", {})
+    head = json.dumps({k: v for k, v in record.items() if k != "curves"}, indent=1)
+    if not curves_:
+        return head + "\n"
+    lines = ",\n".join(f"  {json.dumps(name)}: {json.dumps(points)}" for name, points in curves_.items())
+    return head[:-2] + ',\n "curves": {\n' + lines + "\n }\n}\n"
 
 
 # ---- rendering ------------------------------------------------------------------------------------------

@@ -128,3 +128,10 @@ def test_entries_without_records_are_named_not_measured():
     page = results.render(runs, {"demo": {"config": "configs/demo.yaml"}, "video": {"config": "configs/video_demo.yaml"}})
     assert "## Not measured" in page and "`video` (configs/video_demo.yaml)" in page
     assert "## Not measured" not in results.render(runs, {"demo": {"config": "configs/demo.yaml"}})
+
+
+def test_a_record_dumps_to_json_that_loads_back_equal():
+    r = record("demo", 0, 0.305, 1.0, True)
+    assert json.loads(results.dump_record(r)) == r
+    r.pop("curves")
+    assert json.loads(results.dump_record(r)) == r
