@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -170,6 +170,38 @@ def load_records(results: Path = RESULTS) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: (r["entry"], r["seed"]))
 
 
+def find_stale(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]],
+               hash_fn: Callable[[str, list[str]], str] | None = None) -> list[tuple[dict[str, Any], str]]:
+    """The records that no longer show what their entry runs, each with the reason: an entry gone from the matrix,
+    another config file, or an entry (config file, defaults, args) that now resolves to another config than the
+    record's hash. Args that resolve to the same config (a key now spelt out that was a default) keep a record
+    current. Their figures are not shown: a figure comes from a run of the current config."""
+    hash_fn = hash_fn or config_hash
+    stale = []
+    for r in records:
+        entry = matrix.get(r["entry"])
+        if entry is None:
+            stale.append((r, "its entry is no longer in results/matrix.yaml"))
+        elif entry["config"] != r["config"]:
+            stale.append((r, f"the entry now runs {entry['config']}"))
+        elif hash_fn(entry["config"], [f"seed={r['seed']}", *entry["args"]]) != r["config_sha256"]:
+            stale.append((r, f"{entry['config']} now resolves to another config"))
+    return stale
+
+
+def page(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]],
+         hash_fn: Callable[[str, list[str]], str] | None = None) -> str:
+    """``docs/results.md`` from ``records``: the current ones in tables, the stale ones named (:func:`find_stale`)."""
+    stale = find_stale(records, matrix, hash_fn)
+    gone = {id(r) for r, _ in stale}
+    return render([r for r in records if id(r) not in gone], matrix, stale)
+
+
+def _args(name: str, matrix: dict[str, dict[str, Any]], record: dict[str, Any]) -> list[str]:
+    """The overrides an entry runs with: the matrix's (a current record may spell them otherwise), else the record's."""
+    return matrix[name].get("args", []) if name in matrix else record["args"]
+
+
 def _acc(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
@@ -195,7 +227,7 @@ def entry_table(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def group_table(entries: dict[str, list[dict[str, Any]]]) -> list[str]:
+def group_table(entries: dict[str, list[dict[str, Any]]], matrix: dict[str, dict[str, Any]]) -> list[str]:
     """The entries of one group side by side: a row per entry, the RL accuracy per seed, the seeds that met the bar."""
     seeds = sorted({r["seed"] for records in entries.values() for r in records})
     lines = ["| variant | args | " + " | ".join(f"seed {s}" for s in seeds) + " | bar met |",
@@ -204,7 +236,7 @@ def group_table(entries: dict[str, list[dict[str, Any]]]) -> list[str]:
         by_seed = {r["seed"]: r for r in records}
         cells = [_acc(by_seed[s].get("rl_acc")) if s in by_seed else "" for s in seeds]
         passed = sum(1 for r in records if r.get("bar", {}).get("passed"))
-        args = " ".join(f"`{a}`" for a in records[0]["args"]) or "(the config as shipped)"
+        args = " ".join(f"`{a}`" for a in _args(name, matrix, records[0])) or "(the config as shipped)"
         lines.append(f"| {name} | {args} | " + " | ".join(cells) + f" | {passed} of {len(records)} |")
     return lines
 
@@ -232,9 +264,10 @@ def repeats(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def render(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]]) -> str:
+def render(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]],
+           stale: list[tuple[dict[str, Any], str]] = ()) -> str:
     """``docs/results.md``: per entry (in the matrix's order, then any other recorded), its table and curve; a
-    group's entries also side by side."""
+    group's entries also side by side; the ``stale`` records (record, reason) named without their figures."""
     by_entry: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         by_entry.setdefault(r["entry"], []).append(r)
@@ -251,18 +284,25 @@ def render(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]]) -> 
         if group:
             groups.setdefault(group, {})[name] = by_entry[name]
     for group, entries in groups.items():
-        lines += [f"## {group}", "", *group_table(entries), ""]
+        lines += [f"## {group}", "", *group_table(entries, matrix), ""]
     missing = [n for n in matrix if n not in by_entry]
     if missing:
         lines += ["## Not measured", "",
-                  "Entries of the matrix with no record yet (their configs state a bar; no figure is shown until "
+                  "Entries of the matrix with no record of their current config (their configs state a bar; no figure is "
+                  "shown until "
                   "`make results ONLY=<entry>` has run them): " + ", ".join(f"`{n}` ({matrix[n]['config']})"
                                                                              for n in missing) + ".", ""]
+    if stale:
+        lines += ["## Stale records", "",
+                  "Records that no longer show what their entry runs (not shown above, no figure of theirs is quoted): "
+                  "rerun them with `make results ONLY=<entry> SEEDS=<seed>`, or delete them.", "",
+                  "| entry | seed | commit | why |", "|---|---|---|---|",
+                  *(f"| {r['entry']} | {r['seed']} | `{r['commit'][:7]}` | {why} |" for r, why in stale), ""]
     lines += [*repeats(records), ""]
     for name in order:
         records_ = by_entry[name]
         first = records_[0]
-        args = " ".join(first["args"])
+        args = " ".join(_args(name, matrix, first))
         lines += [f"## {first.get('title', name)}", "",
                   f"`make results ONLY={name}`: `make demo CONFIG={first['config']}"
                   f"{' ARGS=' + chr(34) + args + chr(34) if args else ''}` per seed.", "",
@@ -294,13 +334,17 @@ def plot(records: list[dict[str, Any]], out_dir: Path) -> None:
         fig.tight_layout()
         fig.savefig(out_dir / f"{name}.png", metadata={"Software": None})
         plt.close(fig)
+    for old in out_dir.glob("*.png"):  # the curve of an entry with no current record goes with its figures
+        if old.stem not in by_entry:
+            old.unlink()
 
 
 def write_docs(matrix: dict[str, dict[str, Any]]) -> None:
     records = load_records()
     DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text(render(records, matrix))
-    plot(records, DOC.parent / "results")
+    DOC.write_text(page(records, matrix))
+    stale = {id(r) for r, _ in find_stale(records, matrix)}
+    plot([r for r in records if id(r) not in stale], DOC.parent / "results")
     print(f"results: {len(records)} records -> {DOC.relative_to(ROOT)}")
 
 
@@ -313,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     matrix = load_matrix()
     if args.check:
-        stale = not DOC.exists() or DOC.read_text() != render(load_records(), matrix)
+        stale = not DOC.exists() or DOC.read_text() != page(load_records(), matrix)
         if stale:
             print(f"{DOC.relative_to(ROOT)} differs from the records under results/: run "
                   "`python -m pipelines.results --render`", file=sys.stderr)

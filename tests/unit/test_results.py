@@ -24,7 +24,7 @@ def record(entry: str, seed: int, sft: float, rl: float, passed: bool, group: st
 def test_the_committed_results_page_is_what_the_records_render():
     """docs/results.md is rendered from results/*/seed*.json; editing either alone fails this test."""
     matrix = results.load_matrix()
-    expected = results.render(results.load_records(), matrix)
+    expected = results.page(results.load_records(), matrix)
     assert results.DOC.read_text() == expected, "run `python -m pipelines.results --render` and commit the page"
 
 
@@ -33,7 +33,7 @@ def test_the_committed_results_page_changes_when_a_record_does():
     assert records, "results/ holds no records"
     changed = copy.deepcopy(records)
     changed[0]["rl_acc"] = 0.123456
-    assert results.render(changed, results.load_matrix()) != results.DOC.read_text()
+    assert results.page(changed, results.load_matrix()) != results.DOC.read_text()
 
 
 def test_an_entry_table_shows_each_seed_and_counts_the_bar():
@@ -135,3 +135,34 @@ def test_a_record_dumps_to_json_that_loads_back_equal():
     assert json.loads(results.dump_record(r)) == r
     r.pop("curves")
     assert json.loads(results.dump_record(r)) == r
+
+
+def test_a_record_of_another_config_is_stale_and_shows_no_figure():
+    """A record counts only while its entry, args and resolved config are the ones that ran: the real config hash
+    of configs/demo.yaml makes it current; other args, a config that resolves elsewhere, or a dropped entry, stale."""
+    matrix = {"demo": {"config": "configs/demo.yaml", "args": [], "seeds": [0]}}
+    run = record("demo", 0, 0.305, 0.987654, True)
+    run["config_sha256"] = results.config_hash("configs/demo.yaml", ["seed=0"])
+    assert results.find_stale([run], matrix) == []
+    assert "0.988" in results.page([run], matrix)
+    other_seed = {**run, "seed": 1}  # the hash includes the seed
+    assert [why for _, why in results.find_stale([other_seed], matrix)] == ["configs/demo.yaml now resolves to another config"]
+    spelt_out = {"demo": {**matrix["demo"], "args": ["rollout.n=8"]}}  # the config's own value: the same run
+    assert results.find_stale([run], spelt_out) == []
+    moved = {"demo": {**matrix["demo"], "args": ["actor.lr=1e-4"]}}
+    assert [why for _, why in results.find_stale([run], moved)] == ["configs/demo.yaml now resolves to another config"]
+    assert [why for _, why in results.find_stale([run], {"demo": {"config": "configs/ppo_image.yaml", "args": []}})] \
+        == ["the entry now runs configs/ppo_image.yaml"]
+    assert [why for _, why in results.find_stale([run], {})] == ["its entry is no longer in results/matrix.yaml"]
+    stale_page = results.page([run], moved)
+    assert "0.988" not in stale_page and "## Stale records" in stale_page
+    assert "| demo | 0 | `0123456` | configs/demo.yaml now resolves to another config |" in stale_page
+    assert "`demo` (configs/demo.yaml)" in stale_page  # its entry counts as not measured
+
+
+def test_no_committed_record_is_stale_without_being_named():
+    """Each committed record is either current or listed as stale on the committed page."""
+    records, matrix = results.load_records(), results.load_matrix()
+    text = results.DOC.read_text()
+    for r, why in results.find_stale(records, matrix):
+        assert f"| {r['entry']} | {r['seed']} | `{r['commit'][:7]}` | {why} |" in text
