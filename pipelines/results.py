@@ -33,7 +33,7 @@ MATRIX = ROOT / "results/matrix.yaml"
 RESULTS = ROOT / "results"
 DOC = ROOT / "docs/results.md"
 CURVES = {"val_acc": "val/acc", "score": "critic/score/mean", "entropy": "actor/entropy"}
-ENTRY_KEYS = {"config", "seeds", "args", "title", "group", "note"}
+ENTRY_KEYS = {"config", "seeds", "args", "title", "group", "note", "demo"}
 SUMMARY = ROOT / "outputs/demo/summary.json"
 
 
@@ -241,6 +241,29 @@ def group_table(entries: dict[str, list[dict[str, Any]]], matrix: dict[str, dict
     return lines
 
 
+def demos_table(entries: dict[str, list[dict[str, Any]]], matrix: dict[str, dict[str, Any]]) -> list[str]:
+    """The shipped demos (entries with ``demo: true``), a row each: its run, its bar, the RL accuracy per seed and
+    how many seeds met the bar, so a demo that misses its bar shows here with its numbers."""
+    seeds = sorted({r["seed"] for records in entries.values() for r in records})
+    lines = ["| entry | run | bar | " + " | ".join(f"seed {s}" for s in seeds) + " | bar met |",
+             "|---|---|---|" + "---|" * len(seeds) + "---|"]
+    for name, records in entries.items():
+        by_seed = {r["seed"]: r for r in records}
+        cells = [_acc(by_seed[s].get("rl_acc")) if s in by_seed else "" for s in seeds]
+        passed = sum(1 for r in records if r.get("bar", {}).get("passed"))
+        run = " ".join([f"`{records[0]['config']}`", *(f"`{a}`" for a in _args(name, matrix, records[0]))])
+        met = f"{passed} of {len(records)}" if passed == len(records) else f"**{passed} of {len(records)}**"
+        lines.append(f"| [{name}](#{_anchor(records[0].get('title', name))}) | {run} | {_bar_text(records[0].get('bar'))} | "
+                     + " | ".join(cells) + f" | {met} |")
+    return lines
+
+
+def _anchor(title: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    kept = "".join(c for c in title.lower() if c.isalnum() or c in " -_")
+    return kept.replace(" ", "-")
+
+
 def repeats(records: list[dict[str, Any]]) -> list[str]:
     """Runs of one config hash and seed side by side: whether their accuracies and curves are identical."""
     same: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -283,6 +306,9 @@ def render(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]],
         group = by_entry[name][0].get("group", "")
         if group:
             groups.setdefault(group, {})[name] = by_entry[name]
+    demos = {name: by_entry[name] for name in order if matrix.get(name, {}).get("demo")}
+    if demos:
+        lines += ["## Each demo against its bar", "", *demos_table(demos, matrix), ""]
     for group, entries in groups.items():
         lines += [f"## {group}", "", *group_table(entries, matrix), ""]
     missing = [n for n in matrix if n not in by_entry]

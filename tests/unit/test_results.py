@@ -166,3 +166,18 @@ def test_no_committed_record_is_stale_without_being_named():
     text = results.DOC.read_text()
     for r, why in results.find_stale(records, matrix):
         assert f"| {r['entry']} | {r['seed']} | `{r['commit'][:7]}` | {why} |" in text
+
+
+def test_the_demos_table_lists_every_shipped_demo_with_its_bar_and_marks_a_miss():
+    runs = [record("ppo", 0, 0.305, 0.998, True), record("ppo", 1, 0.2, 0.96, True),
+            record("lora", 0, 0.305, 0.825, False, args=["actor.lr=1e-3"]),
+            record("lever", 0, 0.3, 0.6, False, "levers")]
+    runs[2]["title"] = "Colour, GRPO with LoRA (`configs/demo_lora.yaml`)"
+    matrix = {"ppo": {"config": "configs/demo.yaml", "demo": True},
+              "lora": {"config": "configs/demo.yaml", "args": ["actor.lr=1e-3"], "demo": True}}
+    page = results.render(runs, matrix)
+    table = page.split("## Each demo against its bar", 1)[1].split("\n## ", 1)[0]
+    assert "| [ppo](#ppo) | `configs/demo.yaml` | rl_acc>=0.95 | 0.998 | 0.960 | 2 of 2 |" in table
+    assert ("| [lora](#colour-grpo-with-lora-configsdemo_lorayaml) | `configs/demo.yaml` `actor.lr=1e-3` | "
+            "rl_acc>=0.95 | 0.825 |  | **0 of 1** |") in table
+    assert "lever" not in table  # not a shipped demo: its own section and its group's table only
