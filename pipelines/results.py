@@ -265,26 +265,41 @@ def _anchor(title: str) -> str:
 
 
 def repeats(records: list[dict[str, Any]]) -> list[str]:
-    """Runs of one config hash and seed side by side: whether their accuracies and curves are identical."""
+    """Runs of one config hash and seed side by side: their accuracies, and the first RL step at which any of their
+    curves differ (none: the runs repeated each other exactly)."""
     same: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in records:
         same.setdefault((r["config_sha256"], r["seed"]), []).append(r)
     lines = ["## Repeats", "",
-             "Records of the same resolved config (its hash) and seed, run apart: on one machine a run repeats itself "
-             "exactly. Between machines it need not: the float kernels torch picks for a CPU (its vector units) round "
-             "differently, and an SFT start that differs in its last bits samples other rollouts from the first RL "
-             "step on; the machine column says where each run ran.", "",
-             "| config hash | seed | runs | accuracies identical | curves identical | machines |", "|---|---|---|---|---|---|"]
+             "Records of the same resolved config (its hash) and seed, run apart, and the first RL step at which their "
+             "logged curves (score, entropy, val accuracy) differ. On one machine a run repeats itself exactly. "
+             "Between machines it need not: the float kernels torch and MKL pick for a CPU (its vector units) round "
+             "differently, the first update differs in its last bits, and within a few steps the sampler draws other "
+             "rollouts; the machine column says where each run ran.", "",
+             "| config hash | seed | runs | SFT acc | RL acc | curves | machines |", "|---|---|---|---|---|---|---|"]
     for (digest, seed), runs in sorted(same.items()):
         if len(runs) < 2:
             continue
-        accs = {(r.get("sft_acc"), r.get("rl_acc")) for r in runs}
-        curves_ = {json.dumps(r.get("curves"), sort_keys=True) for r in runs}
+        step = first_difference([r.get("curves", {}) for r in runs])
         machines = {f"{r['machine']['cores']} cores, {r['machine']['cpu']}" for r in runs}
         lines.append(f"| `{digest}` | {seed} | {', '.join(r['entry'] for r in runs)} | "
-                     f"{'yes' if len(accs) == 1 else '**no**'} | {'yes' if len(curves_) == 1 else '**no**'} | "
-                     f"{'; '.join(sorted(machines))} |")
+                     f"{' / '.join(_acc(r.get('sft_acc')) for r in runs)} | "
+                     f"{' / '.join(_acc(r.get('rl_acc')) for r in runs)} | "
+                     f"{'identical' if step is None else f'**apart from step {step}**'} | {'; '.join(sorted(machines))} |")
     return lines
+
+
+def first_difference(curves: list[dict[str, list[list[float]]]]) -> int | None:
+    """The first step at which the runs' curves (``name -> [[step, value], ...]`` each) disagree: a value differs,
+    or one run logged a point the other did not. None when they agree everywhere."""
+    steps = []
+    for name in sorted({n for c in curves for n in c}):
+        series = [dict((int(p[0]), p[1]) for p in c.get(name, [])) for c in curves]
+        for step in sorted({s for points in series for s in points}):
+            if len({points.get(step) for points in series}) > 1:
+                steps.append(step)
+                break
+    return min(steps) if steps else None
 
 
 def render(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]],

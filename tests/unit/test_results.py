@@ -117,10 +117,23 @@ def test_repeats_compare_runs_of_one_config_hash_and_seed():
     for r in (a, b, c):
         r["config_sha256"] = "abc"
     lines = results.repeats([a, b, c])
-    assert "| `abc` | 0 | demo, demo-repeat | yes | yes | 2 cores, Test CPU |" in lines
-    b["curves"] = {"val_acc": [[50, 0.4], [100, 1.0]]}
-    assert "| `abc` | 0 | demo, demo-repeat | yes | **no** | 2 cores, Test CPU |" in results.repeats([a, b, c])
+    assert "| `abc` | 0 | demo, demo-repeat | 0.300 / 0.300 | 1.000 / 1.000 | identical | 2 cores, Test CPU |" in lines
+    b["curves"] = {"val_acc": [[50, 0.5], [100, 0.9]]}
+    b["rl_acc"] = 0.9
+    assert ("| `abc` | 0 | demo, demo-repeat | 0.300 / 0.300 | 1.000 / 0.900 | **apart from step 100** | "
+            "2 cores, Test CPU |") in results.repeats([a, b, c])
     assert not any("| 1 |" in line for line in results.repeats([a, b, c]))  # one run of seed 1: nothing to compare
+
+
+def test_the_first_difference_of_curves_is_the_earliest_step_any_curve_disagrees():
+    base = {"score": [[1, 0.3], [2, 0.4], [3, 0.5]], "val_acc": [[2, 0.6]]}
+    assert results.first_difference([base, dict(base)]) is None
+    later = {"score": [[1, 0.3], [2, 0.4], [3, 0.55]], "val_acc": [[2, 0.6]]}
+    assert results.first_difference([base, later]) == 3
+    val_only = {"score": base["score"], "val_acc": [[2, 0.7]]}
+    assert results.first_difference([base, val_only]) == 2
+    short = {"score": [[1, 0.3], [2, 0.4]], "val_acc": [[2, 0.6]]}  # a run that logged fewer steps
+    assert results.first_difference([base, short]) == 3
 
 
 def test_entries_without_records_are_named_not_measured():
