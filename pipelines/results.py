@@ -28,6 +28,8 @@ from typing import Any, Callable
 
 import yaml
 
+from mmrl.config import BarConfig
+
 ROOT = Path(__file__).resolve().parent.parent
 MATRIX = ROOT / "results/matrix.yaml"
 RESULTS = ROOT / "results"
@@ -91,12 +93,34 @@ def commit() -> str:
 
 
 def config_hash(config: str, overrides: list[str]) -> str:
-    """sha256 (16 hex digits) of the run's resolved config: equal hashes, equal runs' configs."""
+    """sha256 (16 hex digits) of the run's resolved config without its bar: equal hashes, equal runs. The bar
+    (``bar.*``) judges a run and does not change it, so the page judges each record against its entry's current
+    bar (:func:`judge`) and a changed bar leaves the record current."""
     from mmrl.config import to_dict
     from mmrl.run_config import load_run_config
 
-    cfg = load_run_config(ROOT / config, overrides)
-    return hashlib.sha256(json.dumps(to_dict(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    resolved = to_dict(load_run_config(ROOT / config, overrides))
+    resolved.pop("bar", None)
+    return hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def entry_bar(config: str, overrides: list[str]) -> BarConfig:
+    """The bar an entry's run is held to now: ``bar.*`` of its resolved config."""
+    from mmrl.run_config import load_run_config
+
+    return load_run_config(ROOT / config, overrides).bar
+
+
+def judge(record: dict[str, Any], bar: BarConfig) -> dict[str, Any]:
+    """``record`` with its ``bar`` re-checked against ``bar`` (the check ``make demo`` prints); a failed run, which
+    has no accuracies, is returned as it is."""
+    from pipelines.demo import check_bar
+
+    if "rl_acc" not in record or "sft_acc" not in record:
+        return record
+    rl_seconds = record.get("stage_seconds", {}).get("rl", record.get("rl_minutes", 0) * 60)
+    summary = {"sft_acc": record["sft_acc"], "rl_acc": record["rl_acc"], "stage_seconds": {"rl": rl_seconds}}
+    return {**record, "bar": check_bar(bar, summary)}
 
 
 def curves(run_id: str, config: str, overrides: list[str]) -> dict[str, list[list[float]]]:
@@ -190,11 +214,16 @@ def find_stale(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]],
 
 
 def page(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]],
-         hash_fn: Callable[[str, list[str]], str] | None = None) -> str:
-    """``docs/results.md`` from ``records``: the current ones in tables, the stale ones named (:func:`find_stale`)."""
+         hash_fn: Callable[[str, list[str]], str] | None = None,
+         bar_fn: Callable[[str, list[str]], BarConfig] | None = None) -> str:
+    """``docs/results.md`` from ``records``: the current ones in tables, each judged against its entry's current
+    bar, the stale ones named (:func:`find_stale`)."""
+    bar_fn = bar_fn or entry_bar
     stale = find_stale(records, matrix, hash_fn)
     gone = {id(r) for r, _ in stale}
-    return render([r for r in records if id(r) not in gone], matrix, stale)
+    current = [judge(r, bar_fn(matrix[r["entry"]]["config"], [f"seed={r['seed']}", *matrix[r["entry"]].get("args", [])]))
+               for r in records if id(r) not in gone]
+    return render(current, matrix, stale)
 
 
 def _args(name: str, matrix: dict[str, dict[str, Any]], record: dict[str, Any]) -> list[str]:

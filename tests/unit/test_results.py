@@ -194,3 +194,20 @@ def test_the_demos_table_lists_every_shipped_demo_with_its_bar_and_marks_a_miss(
     assert ("| [lora](#colour-grpo-with-lora-configsdemo_lorayaml) | `configs/demo.yaml` `actor.lr=1e-3` | "
             "rl_acc>=0.95 | 0.825 |  | **0 of 1** |") in table
     assert "lever" not in table  # not a shipped demo: its own section and its group's table only
+
+
+def test_a_bar_judges_a_record_and_changing_it_keeps_the_record_current():
+    """The hash leaves the bar out (it judges a run, it does not change it); the page judges each record against
+    its entry's bar as it is now."""
+    assert results.config_hash("configs/demo.yaml", ["seed=0"]) == \
+        results.config_hash("configs/demo.yaml", ["seed=0", "bar.rl_acc=0.5", "bar.rl_minutes=0"])
+    assert results.config_hash("configs/demo.yaml", ["seed=0"]) != results.config_hash("configs/demo.yaml", ["seed=1"])
+    run = {**record("demo", 0, 0.305, 0.96, True), "stage_seconds": {"rl": 270.0}}
+    run["config_sha256"] = results.config_hash("configs/demo.yaml", ["seed=0"])
+    shipped = {"demo": {"config": "configs/demo.yaml", "args": [], "seeds": [0]}}  # rl_acc>=0.95, rl_minutes<=4.0
+    assert "| 0 | 0.305 | 0.960 | +0.655 | 3.25 | 4.5 | **no** |" in results.page([run], shipped)  # 4.5 RL minutes
+    relaxed = {"demo": {**shipped["demo"], "args": ["bar.rl_minutes=0"]}}
+    assert results.find_stale([run], relaxed) == []
+    assert "| 0 | 0.305 | 0.960 | +0.655 | 3.25 | 4.5 | yes |" in results.page([run], relaxed)
+    stricter = {"demo": {**shipped["demo"], "args": ["bar.rl_minutes=0", "bar.rl_acc=0.99"]}}
+    assert "Bar (rl_acc>=0.99): met on 0 of 1 seeds." in results.page([run], stricter)
