@@ -256,15 +256,20 @@ def entry_table(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _per_seed(records: list[dict[str, Any]], seeds: list[int]) -> tuple[list[str], int]:
+    """An entry's RL accuracy per seed (blank where it has no run) and how many of its runs met the bar."""
+    by_seed = {r["seed"]: r for r in records}
+    cells = [_acc(by_seed[s].get("rl_acc")) if s in by_seed else "" for s in seeds]
+    return cells, sum(1 for r in records if r.get("bar", {}).get("passed"))
+
+
 def group_table(entries: dict[str, list[dict[str, Any]]], matrix: dict[str, dict[str, Any]]) -> list[str]:
     """The entries of one group side by side: a row per entry, the RL accuracy per seed, the seeds that met the bar."""
     seeds = sorted({r["seed"] for records in entries.values() for r in records})
     lines = ["| variant | args | " + " | ".join(f"seed {s}" for s in seeds) + " | bar met |",
              "|---|---|" + "---|" * len(seeds) + "---|"]
     for name, records in entries.items():
-        by_seed = {r["seed"]: r for r in records}
-        cells = [_acc(by_seed[s].get("rl_acc")) if s in by_seed else "" for s in seeds]
-        passed = sum(1 for r in records if r.get("bar", {}).get("passed"))
+        cells, passed = _per_seed(records, seeds)
         args = " ".join(f"`{a}`" for a in _args(name, matrix, records[0])) or "(the config as shipped)"
         lines.append(f"| {name} | {args} | " + " | ".join(cells) + f" | {passed} of {len(records)} |")
     return lines
@@ -277,9 +282,7 @@ def demos_table(entries: dict[str, list[dict[str, Any]]], matrix: dict[str, dict
     lines = ["| entry | run | bar | " + " | ".join(f"seed {s}" for s in seeds) + " | bar met |",
              "|---|---|---|" + "---|" * len(seeds) + "---|"]
     for name, records in entries.items():
-        by_seed = {r["seed"]: r for r in records}
-        cells = [_acc(by_seed[s].get("rl_acc")) if s in by_seed else "" for s in seeds]
-        passed = sum(1 for r in records if r.get("bar", {}).get("passed"))
+        cells, passed = _per_seed(records, seeds)
         run = " ".join([f"`{records[0]['config']}`", *(f"`{a}`" for a in _args(name, matrix, records[0]))])
         met = f"{passed} of {len(records)}" if passed == len(records) else f"**{passed} of {len(records)}**"
         lines.append(f"| [{name}](#{_anchor(records[0].get('title', name))}) | {run} | {_bar_text(records[0].get('bar'))} | "
