@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -194,13 +194,11 @@ def load_records(results: Path = RESULTS) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: (r["entry"], r["seed"]))
 
 
-def find_stale(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]],
-               hash_fn: Callable[[str, list[str]], str] | None = None) -> list[tuple[dict[str, Any], str]]:
+def find_stale(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]]) -> list[tuple[dict[str, Any], str]]:
     """The records that no longer show what their entry runs, each with the reason: an entry gone from the matrix,
     another config file, or an entry (config file, defaults, args) that now resolves to another config than the
     record's hash. Args that resolve to the same config (a key now spelt out that was a default) keep a record
     current. Their figures are not shown: a figure comes from a run of the current config."""
-    hash_fn = hash_fn or config_hash
     stale = []
     for r in records:
         entry = matrix.get(r["entry"])
@@ -208,22 +206,29 @@ def find_stale(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]],
             stale.append((r, "its entry is no longer in results/matrix.yaml"))
         elif entry["config"] != r["config"]:
             stale.append((r, f"the entry now runs {entry['config']}"))
-        elif hash_fn(entry["config"], [f"seed={r['seed']}", *entry["args"]]) != r["config_sha256"]:
+        elif config_hash(entry["config"], _overrides(entry, r["seed"])) != r["config_sha256"]:
             stale.append((r, f"{entry['config']} now resolves to another config"))
     return stale
 
 
-def page(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]],
-         hash_fn: Callable[[str, list[str]], str] | None = None,
-         bar_fn: Callable[[str, list[str]], BarConfig] | None = None) -> str:
-    """``docs/results.md`` from ``records``: the current ones in tables, each judged against its entry's current
-    bar, the stale ones named (:func:`find_stale`)."""
-    bar_fn = bar_fn or entry_bar
-    stale = find_stale(records, matrix, hash_fn)
+def split(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]]
+          ) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
+    """The current records, each judged against its entry's bar as it is now, and the stale ones with the reason."""
+    stale = find_stale(records, matrix)
     gone = {id(r) for r, _ in stale}
-    current = [judge(r, bar_fn(matrix[r["entry"]]["config"], [f"seed={r['seed']}", *matrix[r["entry"]].get("args", [])]))
+    current = [judge(r, entry_bar(matrix[r["entry"]]["config"], _overrides(matrix[r["entry"]], r["seed"])))
                for r in records if id(r) not in gone]
+    return current, stale
+
+
+def page(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]]) -> str:
+    """``docs/results.md`` from ``records``: the current ones in tables, the stale ones named (:func:`split`)."""
+    current, stale = split(records, matrix)
     return render(current, matrix, stale)
+
+
+def _overrides(entry: dict[str, Any], seed: int) -> list[str]:
+    return [f"seed={seed}", *entry.get("args", [])]
 
 
 def _args(name: str, matrix: dict[str, dict[str, Any]], record: dict[str, Any]) -> list[str]:
@@ -361,9 +366,8 @@ def render(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]],
     missing = [n for n in matrix if n not in by_entry]
     if missing:
         lines += ["## Not measured", "",
-                  "Entries of the matrix with no record of their current config (their configs state a bar; no figure is "
-                  "shown until "
-                  "`make results ONLY=<entry>` has run them): " + ", ".join(f"`{n}` ({matrix[n]['config']})"
+                  "Entries of the matrix with no record of their current config (their configs state a bar; no figure "
+                  "is shown until `make results ONLY=<entry>` has run them): " + ", ".join(f"`{n}` ({matrix[n]['config']})"
                                                                              for n in missing) + ".", ""]
     if stale:
         lines += ["## Stale records", "",
@@ -415,9 +419,9 @@ def plot(records: list[dict[str, Any]], out_dir: Path) -> None:
 def write_docs(matrix: dict[str, dict[str, Any]]) -> None:
     records = load_records()
     DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text(page(records, matrix))
-    stale = {id(r) for r, _ in find_stale(records, matrix)}
-    plot([r for r in records if id(r) not in stale], DOC.parent / "results")
+    current, stale = split(records, matrix)
+    DOC.write_text(render(current, matrix, stale))
+    plot(current, DOC.parent / "results")
     print(f"results: {len(records)} records -> {DOC.relative_to(ROOT)}")
 
 
