@@ -16,10 +16,11 @@ old_logp_t)`` is the token ratio; ``sg`` is stop-gradient.
 - **GPG** (Group Policy Gradient, 2025): the plain policy gradient ``-A * logp``, no ratio and no clip.
 - **Clip-Cov** and **KL-Cov** (Cui et al., The Entropy Mechanism of RL for Reasoning LMs, 2025): the tokens whose
   centred covariance ``(logp_t - mean logp) * (A_t - mean A)`` (over the valid tokens of the batch given: a
-  micro-batch in the update) is highest drive the entropy down. Of ``ceil(ratio * valid tokens)`` tokens,
-  Clip-Cov detaches those with the highest covariance within ``[clip_cov_lb, clip_cov_ub]`` (chosen by rank,
-  where the paper draws them at random from that window); KL-Cov adds ``kl_cov_coef * |logp - old_logp|`` to
-  those with the highest positive covariance (none when no token's is positive). The others take ``-A * r``.
+  micro-batch in the update) is highest drive the entropy down. Each picks ``max(1, floor(ratio * valid
+  tokens))`` tokens, as the paper and verl do: Clip-Cov detaches those with the highest covariance within
+  ``[clip_cov_lb, clip_cov_ub]`` (chosen by rank, where the paper draws them at random from that window, so
+  fewer when fewer lie in it); KL-Cov adds ``kl_cov_coef * |logp - old_logp|`` to those with the highest
+  covariance, whatever its sign. The others take ``-A * r``.
 - **DPPO** (a trust region on the probability, not the ratio; prime-rl's default loss): ``-A * r`` whose
   gradient is dropped where the token's probability has moved beyond ``delta`` from the old one *in the
   advantage's direction* (up for A > 0, down for A < 0), the divergence measured as total variation ``|p - q|``
@@ -116,16 +117,17 @@ def top_tokens(scores: torch.Tensor, eligible: torch.Tensor, k: int) -> torch.Te
 
 
 def share_of(mask: torch.Tensor, share: float) -> int:
-    """``ceil(share * valid tokens)``: how many tokens a covariance loss picks."""
-    return math.ceil(share * int(mask.sum()))
+    """``max(1, floor(share * valid tokens))`` (0 without valid tokens): how many tokens a covariance loss picks."""
+    valid = int(mask.sum())
+    return max(1, math.floor(share * valid)) if valid else 0
 
 
 def clip_cov_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
                   ratio: float, lower: float, upper: float, agg_mode: str = "token-mean",
                   denominator: float | None = None, horizon: float | None = None
                   ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clip-Cov: ``-A * r``, detached on ``ceil(ratio * valid tokens)`` tokens: those with the highest covariance
-    within ``[lower, upper]``. Metrics: ``pg_clipfrac`` (the detached share), ``ppo_kl``."""
+    """Clip-Cov: ``-A * r``, detached on ``share_of(mask, ratio)`` tokens (fewer when fewer lie in the window):
+    those with the highest covariance within ``[lower, upper]``. Metrics: ``pg_clipfrac`` (the detached share), ``ppo_kl``."""
     cov = covariance(logp, advantages, mask)
     valid = mask.bool()
     chosen = top_tokens(cov, valid & (cov >= lower) & (cov <= upper), share_of(mask, ratio))
@@ -138,10 +140,10 @@ def clip_cov_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
 def kl_cov_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
                 ratio: float, coef: float, agg_mode: str = "token-mean", denominator: float | None = None,
                 horizon: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """KL-Cov: ``-A * r``, plus ``coef * |logp - old_logp|`` on ``ceil(ratio * valid tokens)`` tokens: those with
-    the highest positive covariance. Metrics: ``kl_cov_frac`` (that share), ``ppo_kl``."""
+    """KL-Cov: ``-A * r``, plus ``coef * |logp - old_logp|`` on ``share_of(mask, ratio)`` tokens: those with the
+    highest covariance, whatever its sign. Metrics: ``kl_cov_frac`` (that share), ``ppo_kl``."""
     cov = covariance(logp, advantages, mask)
-    chosen = top_tokens(cov, mask.bool() & (cov > 0), share_of(mask, ratio))
+    chosen = top_tokens(cov, mask.bool(), share_of(mask, ratio))
     per_token = -advantages * torch.exp(logp - old_logp) + coef * chosen * (logp - old_logp).abs()
     loss = aggregate(per_token, mask, agg_mode, denominator, horizon)
     return loss, {"kl_cov_frac": _mean(chosen.float(), mask), **_kl_metric(logp, old_logp, mask)}

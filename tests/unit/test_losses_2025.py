@@ -115,8 +115,9 @@ def covariances(logp, adv, mask):
 
 
 def highest(cov, keys, share):
-    """Of ceil(share * all valid tokens), the keys with the highest covariance."""
-    return set(sorted(keys, key=lambda k: -cov[k])[: math.ceil(share * len(cov))])
+    """Of max(1, floor(share * all valid tokens)) (the paper's and verl's count), the keys with the highest
+    covariance."""
+    return set(sorted(keys, key=lambda k: -cov[k])[: max(1, int(share * len(cov)))])
 
 
 @pytest.mark.parametrize(("lower", "upper"), [(0.0, 100.0), (0.05, 0.4)])
@@ -133,16 +134,21 @@ def test_clip_cov(lower, upper):
     assert reference.chosen > 0 and metrics["pg_clipfrac"] == pytest.approx(reference.chosen / 14)
 
 
-def test_kl_cov():
+@pytest.mark.parametrize(("share", "count"), [(0.2, 2), (0.01, 1), (0.9, 12)])
+def test_kl_cov(share, count):
+    """Of the 14 valid tokens, floor(share * 14) (at least one) with the highest covariance, negative ones too
+    when the share reaches past the positive ones (0.9)."""
     def reference(logp, old, adv, mask):
         cov = covariances(logp, adv, mask)
-        chosen = highest(cov, [k for k in cov if cov[k] > 0], 0.2)
+        chosen = highest(cov, list(cov), share)
         terms = {k: -adv[k] * ratio(logp, old, *k) + (1.5 * (logp[k] - old[k]).abs() if k in chosen else 0)
                  for k in tokens(mask)}
+        reference.negative = sum(cov[k] < 0 for k in chosen)
         return token_mean(terms, mask)
 
-    metrics = check(kl_cov_loss, reference, ratio=0.2, coef=1.5)
-    assert metrics["kl_cov_frac"] == pytest.approx(3 / 14)
+    metrics = check(kl_cov_loss, reference, ratio=share, coef=1.5)
+    assert metrics["kl_cov_frac"] == pytest.approx(count / 14)
+    assert (reference.negative > 0) == (share == 0.9)
 
 
 @pytest.mark.parametrize(("kind", "delta"), [("tv", 0.05), ("binary_kl", 0.01)])
@@ -186,6 +192,8 @@ def test_edge_cases_padding_only_zero_advantages_and_on_policy(name):
     entry = POLICY_LOSSES[name]
     logp, old, adv, mask = ragged_batch(seed=1)
     for adv_, mask_ in ((adv, torch.zeros_like(mask)), (torch.zeros_like(adv), mask)):
+        if name == "kl_cov" and mask_.any():
+            continue  # it penalises at least one token's |log-ratio|, whatever the advantages
         loss, _ = entry(logp, old, adv_, mask_, cfg=cfg, denominator=5.0)
         (grad,) = torch.autograd.grad(loss, logp)
         assert float(loss) == 0.0 and torch.all(grad == 0), name
