@@ -309,8 +309,10 @@ def repeats(records: list[dict[str, Any]]) -> list[str]:
         same.setdefault((r["config_sha256"], r["seed"]), []).append(r)
     lines = ["## Repeats", "",
              "Records of the same resolved config (its hash) and seed, run apart, and the first RL step at which their "
-             "logged curves (score, entropy, val accuracy) differ. On one machine a run repeats itself exactly. "
-             "Between machines it need not: the float kernels torch and MKL pick for a CPU (its vector units) round "
+             "logged curves (score, entropy, val accuracy) differ. On one machine with nothing else running, a run "
+             "repeats itself exactly. A run that shared the CPU with other work can part in the last digits of "
+             "an update (the cause inside the CPU kernels is not found yet; the entries' notes say which pair). "
+             "Between machines a run need not repeat: the float kernels torch and MKL pick for a CPU (its vector units) round "
              "differently, the first update differs in its last bits, and within a few steps the sampler draws other "
              "rollouts; the machine column says where each run ran.", "",
              "| config hash | seed | runs | SFT acc | RL acc | curves | machines |", "|---|---|---|---|---|---|---|"]
