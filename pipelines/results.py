@@ -312,9 +312,9 @@ def repeats(records: list[dict[str, Any]]) -> list[str]:
              "logged curves (score, entropy, val accuracy) differ. On one machine with nothing else running, a run "
              "repeats itself exactly. A run that shared the CPU with other work can part in the last digits of "
              "an update (the cause inside the CPU kernels is not found yet; the entries' notes say which pair). "
-             "Between machines a run need not repeat: the float kernels torch and MKL pick for a CPU (its vector units) round "
-             "differently, the first update differs in its last bits, and within a few steps the sampler draws other "
-             "rollouts; the machine column says where each run ran.", "",
+             "Between machines a run need not repeat: the float kernels torch and MKL pick for a CPU (its vector "
+             "units) round differently, the first update differs in its last bits, and within a few steps the "
+             "sampler draws other rollouts; the machine column says where each run ran.", "",
              "| config hash | seed | runs | SFT acc | RL acc | curves | machines |", "|---|---|---|---|---|---|---|"]
     for (digest, seed), runs in sorted(same.items()):
         if len(runs) < 2:

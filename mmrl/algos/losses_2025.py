@@ -127,7 +127,8 @@ def clip_cov_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
                   denominator: float | None = None, horizon: float | None = None
                   ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clip-Cov: ``-A * r``, detached on ``share_of(mask, ratio)`` tokens (fewer when fewer lie in the window):
-    those with the highest covariance within ``[lower, upper]``. Metrics: ``pg_clipfrac`` (the detached share), ``ppo_kl``."""
+    those with the highest covariance within ``[lower, upper]``. Metrics: ``pg_clipfrac`` (the detached share),
+    ``ppo_kl``."""
     cov = covariance(logp, advantages, mask)
     valid = mask.bool()
     chosen = top_tokens(cov, valid & (cov >= lower) & (cov <= upper), share_of(mask, ratio))
