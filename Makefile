@@ -35,6 +35,7 @@ PY    := $(VENV)/bin/python
 INSTALL := $(PY) -m mmrl.installer
 STAMP := $(VENV)/.mmrl-installed
 STAGE := $(PY) -m pipelines
+BENCH := $(PY) -m benchmarks
 
 .PHONY: install model data sft rm rl eval demo results canary docs sweep bench bench-peer bench-scale bench-learning test-extra gpu-check test test-unit test-integration ui clean help
 
@@ -87,31 +88,35 @@ canary: $(STAMP)
 docs: $(STAMP)
 	$(STAGE).docs
 
+# Benchmarks and diagnostics run python -m benchmarks.<module>; docs/performance.md says what each measures.
 # A benchmark, not a test: mmrl against TRL's GRPOTrainer on the same GRPO work (bench-peer), then step time,
 # memory and bytes per layout (about 3.5 min on 2 cores), then the rollout engines (hf vs vllm) side by side,
 # then video data prep and an image vs a video RL step, then the encoding of an agent episode's later turn.
 bench: bench-peer
-	$(STAGE).bench --config configs/bench.yaml $(ARGS)
-	$(STAGE).bench_engines --config configs/bench_engines.yaml $(ARGS)
-	$(STAGE).bench_media --config configs/bench_engines.yaml $(ARGS)
-	$(STAGE).bench_agent --config configs/agent_demo.yaml
+	$(BENCH).layouts --config configs/bench.yaml $(ARGS)
+	$(BENCH).engines --config configs/bench_engines.yaml $(ARGS)
+	$(BENCH).media --config configs/bench_engines.yaml $(ARGS)
+	$(BENCH).agent_turns --config configs/agent_demo.yaml
 
 # mmrl vs TRL's GRPOTrainer, same model and work, samples/s and their ratio (about 4 min on 2 cores). TRL is
-# installed here, never by `make install`.
+# installed here, never by `make install`. SIZES="16x8x16 64x8x32" (P x n x T each) and SIDES="trl mmrl" pick the
+# work and the sides (--sizes, --sides).
 bench-peer: $(STAMP)
 	$(PY) -c "import trl" 2>/dev/null || $(INSTALL) -c constraints.txt $(TRL_SPEC)
-	$(STAGE).bench_peer --config configs/demo.yaml $(ARGS)
+	$(BENCH).peer --config configs/demo.yaml $(if $(SIZES),--sizes "$(SIZES)",) $(if $(SIDES),--sides "$(SIDES)",) $(ARGS)
 
 # Peak worker memory and step time at Qwen2.5-VL-3B's widths and real vocabulary, 2 + 2 layers deep: mmrl (full,
-# LoRA) against TRL's GRPOTrainer on the same update (installs TRL; grid: MMRL_SCALE_CELLS, MMRL_SCALE_SIDES).
+# LoRA) against TRL's GRPOTrainer on the same update (installs TRL). The grid: CELLS="8x64 64x64" (M x R each),
+# SIDES="mmrl trl", STEPS=1 (--cells, --sides, --steps).
 bench-scale: $(STAMP)
 	$(PY) -c "import trl" 2>/dev/null || $(INSTALL) -c constraints.txt $(TRL_SPEC)
-	$(STAGE).bench_scale --config configs/bench_scale.yaml $(ARGS)
+	$(BENCH).scale --config configs/bench_scale.yaml $(if $(CELLS),--cells "$(CELLS)",) \
+		$(if $(SIDES),--sides "$(SIDES)",) $(if $(STEPS),--steps $(STEPS),) $(ARGS)
 
 # On CUDA: chunked scoring and activation checkpointing checked, then short GRPO runs of every model family, PPO
 # and LoRA on tiny models, printing step times (needs `make install GPU=1`).
 gpu-check: $(STAMP)
-	$(STAGE).gpu_check --config $(CONFIG) $(ARGS)
+	$(BENCH).gpu_check --config $(CONFIG) $(ARGS)
 
 # RL variants from one SFT start per seed, evaluated on the test split, as one table (configs/sweeps/*.yaml).
 sweep: $(STAMP)

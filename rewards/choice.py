@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import re
 
+from mmrl.answer_format import extract_answer
 from rewards.text import clean_text
-from rewards.verifiers import extract_answer
 
 _LEAD_IN = re.compile(
     r"(?:the\s+)?(?:(?:correct|final|right|best)\s+)?(?:answer|option|choice)\b\s*(?:is\b\s*)?[:\-]?\s*",

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 import re
 
+from mmrl.answer_format import extract_answer
 from rewards.numeric import find_numbers
 from rewards.text import normalize_text
-from rewards.verifiers import extract_answer
 
 NUMBER_WORDS: dict[str, int] = {
     word: value

@@ -25,8 +25,8 @@ import math
 import re
 from collections.abc import Sequence
 
+from mmrl.answer_format import extract_answer
 from rewards.text import clean_text
-from rewards.verifiers import extract_answer
 
 HIT_IOU = 0.5
 """The IoU from which a box counts as a hit (``grounding_hit``, the ``hit`` component)."""

@@ -6,9 +6,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from mmrl.answer_format import extract_answer
 from mmrl.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 from rewards.types import prompt_text
-from rewards.verifiers import extract_answer
 
 TEMPLATE_FIELDS = ("question", "response", "ground_truth")
 _MEDIA = re.compile(f"{re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)}")

@@ -15,12 +15,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rewards.pool import RewardPool, run_inline
-from rewards.registry import absolute_spec, check_spec, is_file_spec, resolve
-from rewards.types import FAILURE_KINDS, Outcome, RewardFn, RewardInput, check_result, describe_fn
+from mmrl.plugins.outcome import Outcome
+from mmrl.plugins.pool import PluginPool
+from mmrl.plugins.spec import absolute_spec, is_file_spec
+from rewards.registry import check_spec, resolve
+from rewards.runner import run_inline
+from rewards.types import FAILURE_KINDS, RewardFn, RewardInput, check_result, describe_fn
 
 logger = logging.getLogger(__name__)
 
+RUNNER = "rewards.runner"  # the module the pool's workers call reward functions with
 MAX_ERROR_MESSAGES = 5  # logged and kept in FunctionResult.errors, per function and score() call
 ISOLATIONS = ("process", "inline")
 _RESERVED_NAMES = frozenset({"score", "failed_samples"})  # would read as the reward stage's own metrics
@@ -64,7 +68,7 @@ class RewardManager:
 
     ``isolation="process"`` (the default) runs them in ``num_workers`` worker processes, started on the
     first :meth:`score` and reused: a call past ``timeout_s`` is killed, a crash or ``max_memory_mb`` of
-    resident memory costs only the samples in flight (see :mod:`rewards.pool`). ``isolation="inline"``
+    resident memory costs only the samples in flight (see :mod:`mmrl.plugins.pool`). ``isolation="inline"``
     runs them in this thread: cheaper, but it protects from exceptions and bad values only (a late result
     still counts as a timeout); it also accepts function objects.
 
@@ -90,7 +94,7 @@ class RewardManager:
         for spec in dict.fromkeys(functions):
             self._calls[spec] = self._prepare(spec)
             self.names[spec] = _unique_name(spec, set(self.names.values()))
-        self._pool = RewardPool(num_workers, float(max_memory_mb)) if isolation == "process" else None
+        self._pool = PluginPool(num_workers, float(max_memory_mb), runner=RUNNER) if isolation == "process" else None
 
     def _prepare(self, spec: Spec) -> Spec:
         if self.isolation == "inline":
@@ -136,7 +140,7 @@ class RewardManager:
         """End the worker processes; a later score() starts new ones."""
         if self._pool is not None:
             self._pool.close()
-            self._pool = RewardPool(self._pool.num_workers, self._pool.max_memory_mb)
+            self._pool = PluginPool(self._pool.num_workers, self._pool.max_memory_mb, runner=RUNNER)
 
     def __enter__(self) -> RewardManager:
         return self

@@ -47,7 +47,7 @@ from sympy.functions.special.gamma_functions import gamma
 from sympy.matrices import MatrixBase
 from sympy.matrices.expressions import MatPow
 
-from rewards.verifiers import extract_answer
+from mmrl.answer_format import extract_answer
 
 MAX_ANSWER_CHARS = 1000
 """Final answers (and ground truths) longer than this score 0 without being parsed."""
@@ -113,7 +113,7 @@ def _matching_braces(text: str, begin: int) -> dict[int, int]:
 
 
 def final_answer(response: str) -> str | None:
-    """The last balanced ``\\boxed{}``'s content, else :func:`rewards.verifiers.extract_answer`'s answer."""
+    """The last balanced ``\\boxed{}``'s content, else :func:`mmrl.answer_format.extract_answer`'s answer."""
     boxed = last_boxed(response)
     if boxed is None:
         return extract_answer(response)

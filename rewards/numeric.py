@@ -17,8 +17,8 @@ import numbers
 import re
 from collections.abc import Mapping
 
+from mmrl.answer_format import extract_answer
 from rewards.text import clean_text
-from rewards.verifiers import extract_answer
 
 DEFAULT_REL_TOL = 1e-6
 

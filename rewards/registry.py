@@ -5,7 +5,7 @@ A spec is a string (so that a worker process can resolve it itself), one of:
 * a registered name, e.g. ``"answer_match"`` (see :func:`available`), or the name of an installed
   plugin (entry-point group ``mmrl.rewards``);
 * ``"path/to/file.py:function"``, a function in a Python file (a relative path is taken from the
-  working directory).
+  working directory); the file form is parsed and loaded by :mod:`mmrl.plugins.spec`, as tool files are.
 
 Several of them, weighted (``reward.weights``) or per data source (``reward.verifiers``), are the
 reward stage's to combine (:mod:`mmrl.trainer.reward_stage`).
@@ -22,16 +22,11 @@ processes know the built-in names and the installed plugins.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import os
-import sys
 from collections.abc import Callable
 from importlib import metadata
-from pathlib import Path
-from types import ModuleType
 from typing import TypeVar
 
+from mmrl.plugins.spec import entry_points, is_file_spec, load_file_function, split_file_spec
 from rewards.types import RewardFn, describe_fn
 from rewards.verifiers import BUILTINS
 
@@ -81,11 +76,6 @@ def resolve(spec: str | RewardFn) -> RewardFn:
     raise TypeError(f"reward spec must be {_SPEC_FORMS}; got a {type(spec).__name__}: {spec!r}")
 
 
-def is_file_spec(spec: str) -> bool:
-    """Whether ``spec`` names a Python file (``path/to/file.py:function``) rather than a registered name."""
-    return spec.endswith(".py") or (":" in spec and spec.rsplit(":", 1)[0].endswith(".py"))
-
-
 def check_spec(spec: object, for_workers: bool = False) -> None:
     """Check a spec without running any plugin code: its form, that its name is known or its file exists.
 
@@ -97,7 +87,7 @@ def check_spec(spec: object, for_workers: bool = False) -> None:
     if not isinstance(spec, str):
         raise TypeError(f"reward spec must be {_SPEC_FORMS}; got a {type(spec).__name__}: {spec!r}")
     if is_file_spec(spec):
-        _split_file_spec(spec)
+        split_file_spec(spec, "reward")
         return
     plugins = _plugin_entry_points()
     if spec not in _REGISTRY and spec not in plugins:
@@ -110,14 +100,6 @@ def check_spec(spec: object, for_workers: bool = False) -> None:
         )
 
 
-def absolute_spec(spec: str) -> str:
-    """A checked ``spec`` with its file path made absolute, for a process in another directory."""
-    if not is_file_spec(spec):
-        return spec
-    path, _, function = spec.rpartition(":")
-    return f"{Path(path).expanduser().absolute()}:{function}"
-
-
 def _resolve_name(name: str) -> RewardFn:
     if name in _REGISTRY:
         return _REGISTRY[name]
@@ -128,7 +110,7 @@ def _resolve_name(name: str) -> RewardFn:
 
 
 def _plugin_entry_points() -> dict[str, metadata.EntryPoint]:
-    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    return entry_points(ENTRY_POINT_GROUP)
 
 
 def _load_entry_point(entry_point: metadata.EntryPoint) -> RewardFn:
@@ -148,56 +130,8 @@ def _load_entry_point(entry_point: metadata.EntryPoint) -> RewardFn:
 
 
 def load_from_file(spec: str) -> RewardFn:
-    """Load ``function`` from ``"path/to/file.py:function"``.
+    """Load ``function`` from ``"path/to/file.py:function"`` (:func:`mmrl.plugins.spec.load_file_function`).
 
     A relative path is taken from the current working directory.
     """
-    path, function = _split_file_spec(spec)
-    module = _import_file(path)
-    if not hasattr(module, function):
-        defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise ValueError(
-            f"reward file {str(path)!r} has no function {function!r}; define it there or use one of {defined}"
-        )
-    fn = getattr(module, function)
-    if not callable(fn):
-        raise ValueError(
-            f"{function!r} in reward file {str(path)!r} is a {type(fn).__name__}, not a function; "
-            "point the spec at a function"
-        )
-    return fn
-
-
-def _split_file_spec(spec: str) -> tuple[Path, str]:
-    """The file and function of ``"path/to/file.py:function"``; raises ValueError unless the file exists."""
-    path_text, sep, function = spec.rpartition(":")
-    if not sep or not path_text:
-        raise ValueError(f"reward spec {spec!r} names a file but no function; write '{spec}:function_name'")
-    if not function.isidentifier():
-        raise ValueError(f"reward spec {spec!r}: {function!r} is not a valid function name")
-    path = Path(path_text).expanduser()
-    if not path.is_file():
-        raise ValueError(
-            f"reward file {path_text!r} not found (looked at {path.absolute()}); give an absolute path "
-            f"or one relative to the working directory {os.getcwd()}"
-        )
-    return path, function
-
-
-def _import_file(path: Path) -> ModuleType:
-    resolved = path.resolve()
-    # A unique module name per file, so two users' "reward.py" files do not clash.
-    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:12]
-    module_name = f"mmrl_user_reward_{resolved.stem}_{digest}"
-    spec = importlib.util.spec_from_file_location(module_name, resolved)
-    if spec is None or spec.loader is None:
-        raise ValueError(f"reward file {str(path)!r} cannot be loaded as a Python module; give a .py file")
-    module = importlib.util.module_from_spec(spec)
-    # Registered before running so that dataclasses and pickling inside the file can find the module.
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[module_name]
-        raise
-    return module
+    return load_file_function(spec, "reward")

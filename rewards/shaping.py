@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 
 from mmrl.answer_format import ANSWER_TAG
-from rewards.verifiers import strip_trailing_special
+from rewards.text import strip_trailing_special
 
 # Tolerant like the answer tags of mmrl.answer_format: any case, spaces inside ("< /Think >").
 _TAG = re.compile(rf"<\s*(/?)\s*(think|{ANSWER_TAG})\s*>", re.IGNORECASE)

@@ -14,11 +14,16 @@ Greek or Cyrillic answers onto Latin ones.
 NFKC also rewrites some characters a reader may not expect: superscripts
 become plain digits (``x²`` -> ``x2``), ``½`` becomes ``1⁄2`` (with a
 fraction slash), ``①`` becomes ``1``.
+
+:func:`strip_trailing_special` drops what a chat template leaves after a
+response (``<|im_end|>``, whitespace), for the verifiers that check a layout.
 """
 
 from __future__ import annotations
 
 import unicodedata
+
+from mmrl.answer_format import SPECIAL_TOKEN as _SPECIAL_TOKEN
 
 # Invisible characters that NFKC keeps and str.split() does not treat as spaces.
 ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufeff"
@@ -41,3 +46,17 @@ def clean_text(text: str) -> str:
 def normalize_text(text: str) -> str:
     """:func:`clean_text`, case-folded (``"Straße"`` -> ``"strasse"``)."""
     return clean_text(text).casefold()
+
+
+def strip_trailing_special(text: str) -> str:
+    """``text`` without trailing whitespace and special tokens such as ``<|im_end|>``."""
+    # Index arithmetic rather than one regex anchored at the end, or slicing in the loop: both would be
+    # quadratic on hostile text (a long whitespace run, thousands of special tokens).
+    end = len(text)
+    while True:
+        while end and text[end - 1].isspace():
+            end -= 1
+        start = text.rfind("<|", 0, end - 2) if text.endswith("|>", 0, end) else -1
+        if start < 0 or not _SPECIAL_TOKEN.fullmatch(text, start, end):
+            return text[:end]
+        end = start

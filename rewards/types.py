@@ -30,13 +30,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field, fields
 from typing import Any, TypeVar
 
+from mmrl.plugins.outcome import POOL_FAILURE_KINDS, Outcome
+
 RewardFn = Callable[..., Any]
 F = TypeVar("F", bound=Callable[..., Any])
 
 BATCHED_ATTR = "__mmrl_batched__"
-FAILURE_KINDS: tuple[str, ...] = (
-    "timeout", "error", "crashed", "memory", "bad_type", "non_finite", "out_of_range",
-)
+FAILURE_KINDS: tuple[str, ...] = (*POOL_FAILURE_KINDS, "bad_type", "non_finite", "out_of_range")
+"""How a reward call can fail: the pool's kinds (a timeout, an error, a crash, memory), then the checks of its
+result (:func:`check_result`)."""
 FLOAT32_MAX = 3.4028234663852886e38
 
 
@@ -205,15 +207,6 @@ def is_result_list(value: object) -> bool:
 
 
 # --- results ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one call on one sample produced: a value (plain data, see :func:`to_plain`) or a failure."""
-
-    value: object = None
-    failure: str | None = None  # one of FAILURE_KINDS
-    message: str = ""
 
 
 @dataclass(frozen=True)

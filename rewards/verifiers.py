@@ -22,7 +22,9 @@ think_format      ``<think>..</think><answer>..</answer>``    1/0
 overlong_penalty  DAPO's soft overlong punishment (shaping)   0, falling to -1 at ``max_response_tokens``
 ================  ==========================================  ===========================================
 
-The modules are ``rewards.<module>``; each one's docstring says exactly what it accepts.
+The modules are ``rewards.<module>``; each one's docstring says exactly what it accepts. They read the answer
+with :mod:`mmrl.answer_format` and share the text helpers of :mod:`rewards.text`, never this module, which
+only gathers them.
 
 No verifier raises on a ``str`` response: a malformed or hostile one (megabytes of text, unclosed or
 nested tags) scores 0, in time linear in its length. A response that is not a ``str`` raises TypeError.
@@ -31,26 +33,18 @@ nested tags) scores 0, in time linear in its length. A response that is not a ``
 from __future__ import annotations
 
 from mmrl.answer_format import ANSWER_TAG, extract_answer, format_answer  # noqa: F401  (re-exported)
-from mmrl.answer_format import ANY_TAG as _ANY_TAG, ONLY_PAIR as _ONLY_PAIR, SPECIAL_TOKEN as _SPECIAL_TOKEN
-from rewards.text import normalize_text
+from mmrl.answer_format import ANY_TAG as _ANY_TAG, ONLY_PAIR as _ONLY_PAIR
+from rewards.choice import multiple_choice
+from rewards.counting import count_match
+from rewards.grounding import grounding_hit, grounding_iou
+from rewards.math_answer import math_answer
+from rewards.numeric import numeric
+from rewards.shaping import overlong_penalty, think_format
+from rewards.text import normalize_text, strip_trailing_special
 from rewards.types import RewardFn
 
 _QUOTES = "\"'`“”‘’"
 _TRAILING_PUNCTUATION = ".!,"
-
-
-def strip_trailing_special(text: str) -> str:
-    """``text`` without trailing whitespace and special tokens such as ``<|im_end|>``."""
-    # Index arithmetic rather than one regex anchored at the end, or slicing in the loop: both would be
-    # quadratic on hostile text (a long whitespace run, thousands of special tokens).
-    end = len(text)
-    while True:
-        while end and text[end - 1].isspace():
-            end -= 1
-        start = text.rfind("<|", 0, end - 2) if text.endswith("|>", 0, end) else -1
-        if start < 0 or not _SPECIAL_TOKEN.fullmatch(text, start, end):
-            return text[:end]
-        end = start
 
 
 def normalize(text: str) -> str:
@@ -92,14 +86,6 @@ def format_reward(response: str) -> float:
         return 0.0
     return 1.0
 
-
-# The verifier modules import extract_answer from this module, so they are imported once it is defined.
-from rewards.choice import multiple_choice  # noqa: E402
-from rewards.counting import count_match  # noqa: E402
-from rewards.grounding import grounding_hit, grounding_iou  # noqa: E402
-from rewards.math_answer import math_answer  # noqa: E402
-from rewards.numeric import numeric  # noqa: E402
-from rewards.shaping import overlong_penalty, think_format  # noqa: E402
 
 BUILTINS: dict[str, RewardFn] = {
     "answer_match": answer_match,

@@ -126,7 +126,7 @@ def run_with_a_kill():
 
     from mmrl.tracking import Tracker
     from mmrl.trainer.rl import RLTrainer
-    from pipelines.probes import ProbedActor
+    from benchmarks.probes import ProbedActor
 
     class ProbedTrainer(RLTrainer):
         actor_worker = ProbedActor  # its ranks tell their pids

@@ -1,6 +1,6 @@
-"""Running a turn's tool calls: in worker processes (the reward plugins' pool, :mod:`rewards.pool`) or inline.
+"""Running a turn's tool calls: in worker processes (the plugin pool, :mod:`mmrl.plugins.pool`) or inline.
 
-``isolation="process"`` (the default) gives every call the reward plugins' guarantees: a tool that raises,
+``isolation="process"`` (the default) gives every call the guarantees reward functions have: a tool that raises,
 hangs (the GIL held included), crashes, exhausts ``max_memory_mb`` or returns something wrong costs that
 call one :class:`~mmrl.agent.outputs.ToolOutput` failure, never the run. ``"inline"`` calls tools in this
 thread: it protects from exceptions and bad results only (for trusted tools and tests).
@@ -21,8 +21,8 @@ from mmrl.agent.outputs import ToolOutput, check_outcome
 from mmrl.agent.registry import resolve
 from mmrl.agent.schemas import check_schema
 from mmrl.agent.worker import ToolInput, execute
-from rewards.pool import PluginPool, raised
-from rewards.types import Outcome
+from mmrl.plugins.outcome import Outcome, raised
+from mmrl.plugins.pool import PluginPool
 
 Isolation = Literal["process", "inline"]
 PendingCall = tuple[str, str, ToolInput]  # (the tool's name, its spec, the call)

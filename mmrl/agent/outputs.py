@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from PIL import Image
 
 from mmrl.agent.builtin import scaled
-from rewards.types import Outcome
+from mmrl.plugins.outcome import Outcome
 
 TOOL_FAILURE_KINDS: tuple[str, ...] = ("timeout", "error", "crashed", "memory", "bad_type", "too_large", "bad_image")
-"""How a tool call can fail: the kinds of :mod:`rewards.pool` a call can meet, and the checks of its result."""
+"""How a tool call can fail: the kinds of the plugin pool (:mod:`mmrl.plugins`), then the checks of its result."""
 MESSAGE_CHARS = 300  # of an error message the model reads
 
 

@@ -10,7 +10,8 @@ A spec is a string (so that a tool worker process can resolve it itself), one of
       rotate = "my_package.tools:rotate"
 
 * ``"path/to/file.py:function"``, a function in a Python file (a relative path is taken from the working
-  directory; :func:`absolute_spec` fixes it for workers).
+  directory; :func:`mmrl.plugins.spec.absolute_spec` fixes it for workers). The file form is parsed and
+  loaded by :mod:`mmrl.plugins.spec`, as reward files are.
 
 The function must carry its schema (:func:`mmrl.agent.tool`). The driver only checks a spec's form
 (:func:`check_spec`); the plugin's code runs in the workers, which load it with :func:`resolve`.
@@ -20,23 +21,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 from mmrl.agent.builtin import BUILTINS
 from mmrl.agent.schemas import schema_of
-from rewards.registry import _import_file, absolute_spec, is_file_spec  # the file-spec form is shared with rewards
+from mmrl.plugins.spec import entry_points, is_file_spec, load_file_function, split_file_spec
 
 ENTRY_POINT_GROUP = "mmrl.tools"
 _SPEC_FORMS = ("a built-in tool's name, an installed plugin's name (entry points 'mmrl.tools') or "
                "'path/to/file.py:function'")
 
-__all__ = ["ENTRY_POINT_GROUP", "absolute_spec", "available", "check_spec", "resolve"]
+__all__ = ["ENTRY_POINT_GROUP", "available", "check_spec", "resolve"]
 
 
 def available() -> list[str]:
     """The names :func:`resolve` accepts: the built-in tools and the installed plugins."""
-    return sorted(set(BUILTINS) | set(_entry_points()))
+    return sorted(set(BUILTINS) | set(entry_points(ENTRY_POINT_GROUP)))
 
 
 def check_spec(spec: object) -> None:
@@ -45,8 +45,8 @@ def check_spec(spec: object) -> None:
     if not isinstance(spec, str):
         raise TypeError(f"tool spec must be {_SPEC_FORMS}; got a {type(spec).__name__}: {spec!r}")
     if is_file_spec(spec):
-        _split(spec)
-    elif spec not in BUILTINS and spec not in _entry_points():
+        split_file_spec(spec, "tool")
+    elif spec not in BUILTINS and spec not in entry_points(ENTRY_POINT_GROUP):
         raise ValueError(f"unknown tool {spec!r}; valid names: {available()}; or give {_SPEC_FORMS}")
 
 
@@ -55,13 +55,12 @@ def resolve(spec: str) -> Callable[..., Any]:
     check_spec(spec)
     if spec in BUILTINS:
         return BUILTINS[spec]
-    fn = _from_file(spec) if is_file_spec(spec) else _from_entry_point(_entry_points()[spec])
+    if is_file_spec(spec):
+        fn = load_file_function(spec, "tool")
+    else:
+        fn = _from_entry_point(entry_points(ENTRY_POINT_GROUP)[spec])
     schema_of(fn)  # a function without a schema is refused on load, not on its first call
     return fn
-
-
-def _entry_points() -> dict[str, metadata.EntryPoint]:
-    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def _from_entry_point(entry_point: metadata.EntryPoint) -> Callable[..., Any]:
@@ -69,28 +68,4 @@ def _from_entry_point(entry_point: metadata.EntryPoint) -> Callable[..., Any]:
     if not callable(fn):
         raise ValueError(f"tool plugin {entry_point.name!r} points at {entry_point.value!r}, which is not callable; "
                          "point the entry point at a function")
-    return fn
-
-
-def _split(spec: str) -> tuple[Path, str]:
-    path_text, _, function = spec.rpartition(":")
-    if not path_text or not function:
-        raise ValueError(f"tool spec {spec!r} names a file but no function; write '{spec}:function_name'")
-    if not function.isidentifier():
-        raise ValueError(f"tool spec {spec!r}: {function!r} is not a valid function name")
-    path = Path(path_text).expanduser()
-    if not path.is_file():
-        raise ValueError(f"tool file {path_text!r} not found (looked at {path.absolute()}); give an absolute path or "
-                         "one relative to the working directory")
-    return path, function
-
-
-def _from_file(spec: str) -> Callable[..., Any]:
-    path, function = _split(spec)
-    module = _import_file(path)
-    fn = getattr(module, function, None)
-    if not callable(fn):
-        defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise ValueError(f"tool file {str(path)!r} has no function {function!r}; define it there or use one of "
-                         f"{defined}")
     return fn

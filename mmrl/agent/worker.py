@@ -1,8 +1,8 @@
-"""What a tool worker process does with a call: the runner of :mod:`rewards.pool` for agent tools.
+"""What a tool worker process does with a call: the runner of :mod:`mmrl.plugins.pool` for agent tools.
 
 The driver sends :class:`ToolInput` items under a tool spec; the worker resolves the spec once
 (:func:`resolve`), calls the function with the call's arguments and the context keywords it takes
-(:data:`mmrl.agent.schemas.CONTEXT_KEYWORDS`), and reports each call's :class:`~rewards.types.Outcome`:
+(:data:`mmrl.agent.schemas.CONTEXT_KEYWORDS`), and reports each call's :class:`~mmrl.plugins.outcome.Outcome`:
 the result as plain data (:func:`mmrl.agent.outputs.to_plain`) or its failure. A tool known not to take
 ``images`` is sent none (the pool drops them: :data:`BULKY_FIELDS`).
 
@@ -22,8 +22,7 @@ from typing import Any
 from mmrl.agent.outputs import ToolLimits, to_plain
 from mmrl.agent.registry import resolve
 from mmrl.agent.schemas import CONTEXT_KEYWORDS, schema_of
-from rewards.pool import Emit, raised, timed_out
-from rewards.types import Outcome
+from mmrl.plugins.outcome import Emit, Outcome, raised, timed_out
 
 NOUN = "tool"
 BULKY_FIELDS = ("images",)

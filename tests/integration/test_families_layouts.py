@@ -24,7 +24,7 @@ from mmrl.models.families import FAMILIES, family_of_processor
 from mmrl.models.loading import load_processor
 from mmrl.protocol import Batch
 from mmrl.schema import Video
-from pipelines.probes import ProbedActor
+from benchmarks.probes import ProbedActor
 
 LR = 1e-3
 # (vision, llm, activation checkpointing of both parts). Sharded: FSDP2 units are the family's vision blocks and

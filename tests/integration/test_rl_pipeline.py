@@ -21,8 +21,8 @@ from safetensors.torch import load_file
 from mmrl.controller import ResourcePool, WorkerGroup
 from mmrl.rollout.base import SamplingParams
 from mmrl.trainer.dataset import load_rows, rows_to_batch
-from mmrl.trainer.rl import run_rl
-from pipelines.probes import ProbedActor
+from mmrl.trainer.run import run_rl
+from benchmarks.probes import ProbedActor
 
 
 class UIServer:

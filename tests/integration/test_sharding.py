@@ -22,7 +22,7 @@ from mmrl.models.encoding import encode_prompt
 from mmrl.models.loading import load_processor
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
-from pipelines.probes import ProbedActor, ProbedCritic
+from benchmarks.probes import ProbedActor, ProbedCritic
 
 LR = 1e-3
 COMBOS = [

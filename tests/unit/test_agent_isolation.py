@@ -1,4 +1,4 @@
-"""Tools isolated in worker processes (the reward plugins' pool): a tool that raises, hangs (the GIL held
+"""Tools isolated in worker processes (the plugin pool, mmrl.plugins): a tool that raises, hangs (the GIL held
 included), crashes, eats memory or returns garbage costs its own call one tool error, never the run, and a
 tool that hangs costs a step about one timeout. One executor is shared by the module (its two workers are
 replaced as tests kill them)."""

@@ -148,7 +148,7 @@ def test_bad_results_are_failures_of_their_kind() -> None:
 
 
 def test_the_driver_checks_what_a_worker_sends() -> None:
-    from rewards.types import Outcome
+    from mmrl.plugins.outcome import Outcome
 
     bomb = claims_size(png(Image.new("RGB", (8, 8))), 40_000, 40_000)
     for value, kind in [({"text": "a", "images": [b"not a png"]}, "bad_image"),

@@ -246,7 +246,7 @@ def test_a_plugin_that_exhausts_memory_costs_its_sample_a_memory_failure() -> No
 
 
 def test_a_plugin_whose_import_hangs_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rewards import pool
+    from mmrl.plugins import pool
 
     monkeypatch.setattr(pool, "LOAD_TIMEOUT_S", TIMEOUT_S)  # the parent enforces it: patching here suffices
     stuck = tmp_path / "stuck.py"

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import rewards
+from mmrl.plugins.spec import absolute_spec
 from rewards import (
     RewardInput,
     RewardManager,
@@ -369,8 +370,8 @@ def test_check_spec_runs_no_plugin_code(tmp_path: Path) -> None:
 
 def test_absolute_spec_makes_file_paths_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    assert registry.absolute_spec("rel.py:score") == f"{tmp_path}/rel.py:score"
-    assert registry.absolute_spec("format") == "format"
+    assert absolute_spec("rel.py:score") == f"{tmp_path}/rel.py:score"
+    assert absolute_spec("format") == "format"
 
 
 def test_example_plugin_loads_by_path() -> None:

@@ -17,8 +17,8 @@ from rewards.grounding import box_iou, grounding_hit, grounding_iou, parse_box
 from rewards.math_answer import MAX_ANSWER_CHARS, final_answer, last_boxed, math_answer
 from rewards.numeric import find_numbers, numeric
 from rewards.shaping import overlong_penalty, think_format
-from rewards.text import clean_text, normalize_text
-from rewards.verifiers import BUILTINS, strip_trailing_special
+from rewards.text import clean_text, normalize_text, strip_trailing_special
+from rewards.verifiers import BUILTINS
 
 MB = 1_000_000
 CYRILLIC_E = "\u0435"  # looks like the Latin "e"

@@ -7,7 +7,7 @@
    image task (one 112x112 image per prompt) against the video task (4 frames of 112x112 per prompt),
    median of 3 after a warm-up. Ratios are video over image, measured in the same command.
 
-    python -m pipelines.bench_media --config configs/bench_engines.yaml
+    python -m benchmarks.media --config configs/bench_engines.yaml
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.common import ensure_inputs, full_step, print_table, spawn
 from data_prep.convert import convert_jsonl
 from data_prep.synthetic import VideoSynthesis, build_splits
 from data_prep.synthetic_video import ClipSpec, write_mp4
@@ -28,7 +29,6 @@ from mmrl.config import Config
 from mmrl.controller.session import ensure_ray
 from mmrl.rollout.base import SamplingParams
 from mmrl.trainer.dataset import PromptLoader
-from pipelines.bench import ensure_inputs, full_step, print_table, spawn
 from pipelines.cli import parse
 from pipelines.data import video_limits
 

@@ -14,13 +14,13 @@ mini-batch, temperature 1, activation checkpointing as the config says (TRL's de
 it). Generation is not measured: TRL's is replaced by the same random responses, so both sides update on the
 same shapes.
 
-Sides (``$MMRL_SCALE_SIDES``, default ``mmrl mmrl-lora trl trl-lora``): ``mmrl`` (full parameters) and
+Sides (``--sides``, default ``mmrl mmrl-lora trl trl-lora``): ``mmrl`` (full parameters) and
 ``mmrl-lora`` (``actor.lora``: adapters on the language model's linear layers, vision frozen) through one fresh
 actor worker (:class:`~mmrl.workers.hybrid.ActorRolloutRefWorker` without a rollout engine or a reference);
 ``trl`` and ``trl-lora`` (the same adapters through peft) through TRL's ``GRPOTrainer`` in a fresh process.
-Cells (``$MMRL_SCALE_CELLS``, default ``8x64 64x64``, each M x R; ``8x256`` adds the length axis). Each cell
+Cells (``--cells``, default ``8x64 64x64``, each M x R; ``8x256`` adds the length axis). Each cell
 runs a warm-up step of the same M responses of WARMUP_LENGTH tokens (it allocates the gradients and the AdamW
-state), then ``$MMRL_SCALE_STEPS`` (default 1) measured steps: the step time is their median, the peak is over
+state), then ``--steps`` (default 1) measured steps: the step time is their median, the peak is over
 all the steps, so it is the steady state's, with the optimizer state in memory.
 
 Memory is :mod:`mmrl.perf_memory`'s peak over the steps (on CPU the process's peak RSS; CUDA's peak allocated
@@ -31,15 +31,16 @@ ends with each side's growth from the smallest to the largest M at the same R, a
 extra responses' logits, e.g. (56, 64, V) from 8 to 64 (2.03 GiB). The measures go to
 ``outputs/bench_scale/results.json`` as they come. This is a benchmark, not a test: it asserts nothing.
 
-    python -m pipelines.bench_scale --config configs/bench_scale.yaml
-    MMRL_SCALE_CELLS="8x64 64x64" MMRL_SCALE_SIDES="mmrl trl" python -m pipelines.bench_scale \\
-        --config configs/bench_scale.yaml tiny_model.num_layers=4
+    python -m benchmarks.scale --config configs/bench_scale.yaml
+    python -m benchmarks.scale --config configs/bench_scale.yaml --cells "8x64 64x64" --sides "mmrl trl" \\
+        tiny_model.num_layers=4
+    make bench-scale CELLS="8x64 8x256" SIDES="mmrl trl" STEPS=2 ARGS="tiny_model.num_layers=4"
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -52,10 +53,11 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from benchmarks.flags import names, parse_flags, shapes
 from mmrl.config import Config, TinyModelConfig
 from mmrl.perf_memory import GIB, peak_gb, reset_peak
 from mmrl.protocol import Batch
-from pipelines.cli import Command, parse_command
+from pipelines.cli import Command
 
 OUT = Path("outputs/bench_scale")
 CELLS = ((8, 64), (64, 64))  # (responses per micro-batch, tokens per response)
@@ -204,7 +206,7 @@ def run_mmrl(cfg: Config, side: str, micro: int, length: int, steps: int) -> Mea
     """One fresh actor worker (no rollout engine, no reference): a warm-up update, then ``steps`` updates on
     random responses."""
     from mmrl.models.loading import load_processor
-    from pipelines.bench import spawn, step_peaks
+    from benchmarks.common import spawn, step_peaks
 
     allowed = response_ids(load_processor(cfg.model.path).tokenizer)
     batches = [mmrl_batch(rows, cfg.rollout.n, length if step else WARMUP_LENGTH, allowed, cfg.seed + step)
@@ -233,7 +235,7 @@ def run_trl(cfg: Config, side: str, micro: int, length: int, steps: int, threads
 
     from mmrl.models.loading import load_model
     from mmrl.models.lora import peft_config, target_modules
-    from pipelines.bench_peer import trl_dataset
+    from benchmarks.peer import trl_dataset
     from pipelines.cli import quiet_third_party
 
     quiet_third_party()
@@ -349,7 +351,7 @@ def growth_lines(results: list[Measure], vocab: int) -> list[str]:
 
 
 def print_table(results: list[Measure], cfg: Config) -> None:
-    from pipelines.bench import print_table as print_rows
+    from benchmarks.common import print_table as print_rows
 
     spec = cfg.tiny_model
     print_rows(f"One GRPO update per step at Qwen2.5-VL-3B's widths, V = {spec.vocab_size}, {spec.num_layers} text + "
@@ -363,26 +365,26 @@ def print_table(results: list[Measure], cfg: Config) -> None:
         print(line)
 
 
-def grid() -> tuple[list[tuple[int, int]], list[str], int]:
-    """The cells, sides and steps from the environment (defaults: CELLS, SIDES, STEPS)."""
-    raw = os.environ.get("MMRL_SCALE_CELLS", "").split()
-    try:
-        cells = [(int(m), int(r)) for m, r in (c.split("x") for c in raw)] if raw else list(CELLS)
-    except ValueError as err:
-        raise SystemExit(f"bench-scale: MMRL_SCALE_CELLS={raw}: give cells as MxR, e.g. '8x64 64x64'") from err
-    sides = os.environ.get("MMRL_SCALE_SIDES", "").split() or list(SIDES)
-    unknown = [s for s in sides if s not in KINDS]
-    if unknown:
-        raise SystemExit(f"bench-scale: unknown side(s) {unknown} in MMRL_SCALE_SIDES; allowed: {', '.join(KINDS)}")
-    return cells, sides, int(os.environ.get("MMRL_SCALE_STEPS", STEPS))
+def flag_parser() -> argparse.ArgumentParser:
+    """The flags of ``make bench-scale``: the grid of cells and sides, and the measured steps."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cells", type=shapes(2, "8x64 64x64"), default=" ".join(f"{m}x{r}" for m, r in CELLS),
+                        help="the cells, each M x R (responses per micro-batch x tokens per response), separated by "
+                             "spaces or commas (make: CELLS=...; default: %(default)s)")
+    parser.add_argument("--sides", type=names(list(KINDS)), default=" ".join(SIDES),
+                        help=f"the sides, from {', '.join(KINDS)} (make: SIDES=...; default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=STEPS,
+                        help="measured steps per cell, after the warm-up (make: STEPS=...; default: %(default)s)")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> list[Measure]:
+    from benchmarks.common import ensure_inputs
     from mmrl.controller.session import ensure_ray
-    from pipelines.bench import ensure_inputs
 
-    command = parse_command(__doc__, argv)
-    cells, sides, steps = grid()
+    command, flags = parse_flags(flag_parser(), argv)
+    cells, sides, steps = flags.cells, flags.sides, flags.steps
     cfg = command.load()
     print(in_fresh_process(build_scale_model, cfg))
     prompts = max(m for m, _ in cells) // cfg.rollout.n * (1 + steps)

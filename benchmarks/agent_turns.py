@@ -15,7 +15,7 @@ the end-of-turn token, the tool turn and its image prefilled) against a prefill 
 board's image and every zoom through the vision tower again). The kept caches are made beforehand by the
 engine itself, as the loop makes them; the two give the same tokens (checked before timing).
 
-    python -m pipelines.bench_agent --config configs/agent_demo.yaml
+    python -m benchmarks.agent_turns --config configs/agent_demo.yaml
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from typing import Any
 
 import torch
 
+from benchmarks.common import print_table
 from data_prep.zoom_task import generate_zoom_rows
 from mmrl.agent.builtin import zoom_in
 from mmrl.agent.chat import ChatFormat
-from mmrl.agent.calls import format_call
 from mmrl.agent.episode import Episode
 from mmrl.agent.executor import ToolExecutor
 from mmrl.agent.outputs import ToolOutput
@@ -46,7 +46,6 @@ from mmrl.rollout.hf import HFRolloutEngine
 from mmrl.models.tiny import build_tiny_vlm
 from mmrl.schema import IMAGE_PLACEHOLDER, decode_image
 from pipelines import model as model_stage
-from pipelines.bench import print_table
 from pipelines.data import zoom_board
 
 ROWS = 16
@@ -65,7 +64,7 @@ def episode_parts(chat: ChatFormat, tools: list[dict], row: dict, calls: int) ->
         zoomed = zoom_in(box, images=[board], model_image_sizes=[side], max_pixels=side[0] * side[1])
         outputs.append(ToolOutput(images=(zoomed,)))
         images.append(zoomed)
-        messages = [*messages, {"role": "assistant", "content": format_call("zoom_in", {"bbox_2d": box})},
+        messages = [*messages, {"role": "assistant", "content": chat.calls.format_call("zoom_in", {"bbox_2d": box})},
                     {"role": "tool", "content": IMAGE_PLACEHOLDER}]
     return messages, images, outputs
 

@@ -1,4 +1,4 @@
-"""Stage ``make gpu-check``: mmrl's GPU paths on CUDA, in one command, on tiny models.
+"""``make gpu-check``: mmrl's GPU paths on CUDA, in one command, on tiny models.
 
 1. Chunked scoring at a real vocabulary (151,936): the chunked log-probs and entropy and their gradients against
    the full-vocabulary computation on the device, with the peak memory of each.
@@ -12,7 +12,7 @@ when 2). It prints the device, each check's numbers and each run's mean step tim
 naming the checks that failed. Without CUDA it stops at once with an error; ``resources.device=cpu`` runs the
 same checks on the CPU (to try the script, not the GPU).
 
-    python -m pipelines.gpu_check --config configs/demo.yaml
+    python -m benchmarks.gpu_check --config configs/demo.yaml
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from mmrl.models.scoring import Scoring, score_tokens
 from mmrl.models.tiny import build_tiny_vlm
 from mmrl.parallel.sharding import model_blocks
 from mmrl.tracking import tracking_uri
-from mmrl.trainer.rl import run_rl
+from mmrl.trainer.run import run_rl
 from mmrl.workers.model_builder import build_model
 from pipelines import data, model
 from pipelines.cli import parse_command

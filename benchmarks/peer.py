@@ -12,11 +12,13 @@ Each side runs ``1 + STEPS`` steps; the first is a warm-up and the table gives t
 into generation, scoring + log-prob passes, and the update. samples/s = P*n / step seconds. TRL is an
 optional dependency: ``make bench-peer`` installs it (``make install`` never does).
 
-    python -m pipelines.bench_peer --config configs/demo.yaml
-    MMRL_PEER_SIZES="16x8x16 64x8x32" python -m pipelines.bench_peer --config configs/demo.yaml  # other sizes
-    MMRL_PEER_SIDES="mmrl-64-rows mmrl" python -m pipelines.bench_peer --config configs/demo.yaml  # other sides
+    python -m benchmarks.peer --config configs/demo.yaml
+    python -m benchmarks.peer --config configs/demo.yaml --sizes "16x8x16 64x8x32"  # other sizes
+    python -m benchmarks.peer --config configs/demo.yaml --sides "mmrl-64-rows mmrl"  # other sides
+    make bench-peer SIZES="16x8x16" SIDES="trl mmrl"                                # the same through make
 
-Sides (``$MMRL_PEER_SIDES``, default ``trl mmrl mmrl-async``; the ratio column compares each with the first):
+Sizes (``--sizes``, default ``16x8x16 64x8x32``, each P x n x T). Sides (``--sides``, default ``trl mmrl
+mmrl-async``; the ratio column compares each with the first):
 ``trl``, ``mmrl``, ``mmrl-async`` (``trainer.mode=async``, ``max_staleness=1``: a one-rank rollout pool with one
 thread beside the trainer's rank with one thread, where the sync sides compute with all the threads; its
 "generate" is the step's wait for rollouts, and the last column gives that wait, the rollout pool's wait for
@@ -26,8 +28,8 @@ budgets (64 samples per generate call and per micro-batch).
 
 from __future__ import annotations
 
+import argparse
 import io
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -37,12 +39,12 @@ from typing import Any
 import torch
 from mlflow.tracking import MlflowClient
 
+from benchmarks.flags import names, parse_flags, shapes
 from mmrl.config import Config
 from mmrl.tracking import tracking_uri
-from pipelines.cli import parse_command
 
 OUT = Path("outputs/bench_peer")
-SIZES = ((16, 8, 16), (64, 8, 32))  # prompts x samples x max new tokens; $MMRL_PEER_SIZES="2x2x4 8x4x8" overrides
+SIZES = ((16, 8, 16), (64, 8, 32))  # prompts x samples x max new tokens; --sizes "2x2x4 8x4x8" overrides
 STEPS = 3
 SIDES = ("trl", "mmrl", "mmrl-async")
 MMRL_SIDES = {
@@ -85,7 +87,7 @@ def peer_overrides(prompts: int, n: int, tokens: int, threads: int) -> list[str]
 
 def run_mmrl(cfg: Config) -> SideResult:
     """``run_rl`` on the config; phases from its ``timing_s/*`` metrics (median over the measured steps)."""
-    from mmrl.trainer.rl import run_rl
+    from mmrl.trainer.run import run_rl
 
     result = run_rl(cfg)
     client = MlflowClient(tracking_uri(cfg.tracking))
@@ -212,17 +214,28 @@ def print_rows(results: list[Result]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
 
 
-def main(argv: list[str] | None = None) -> list[Result]:
-    from pipelines.bench import ensure_inputs
+def flag_parser() -> argparse.ArgumentParser:
+    """The flags of ``make bench-peer``: the sizes and the sides."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.peer", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=shapes(3, "16x8x16 64x8x32"), default=" ".join(map(shape_text, SIZES)),
+                        help="the work, each P x n x T (prompts x samples x max new tokens), separated by spaces "
+                             "or commas (make: SIZES=...; default: %(default)s)")
+    parser.add_argument("--sides", type=names(["trl", *MMRL_SIDES]), default=" ".join(SIDES),
+                        help=f"the sides, the first the ratios' base, from {', '.join(['trl', *MMRL_SIDES])} "
+                             "(make: SIDES=...; default: %(default)s)")
+    return parser
 
-    command = parse_command(__doc__, argv)
-    sizes = [tuple(int(x) for x in size.split("x")) for size in os.environ["MMRL_PEER_SIZES"].split()] \
-        if os.environ.get("MMRL_PEER_SIZES") else SIZES
-    sides = os.environ.get("MMRL_PEER_SIDES", "").split() or list(SIDES)
-    unknown = [s for s in sides if s != "trl" and s not in MMRL_SIDES]
-    if unknown:
-        allowed = ", ".join(["trl", *MMRL_SIDES])
-        raise SystemExit(f"bench-peer: unknown side(s) {unknown} in MMRL_PEER_SIDES; allowed: {allowed}")
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape))
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
+    from benchmarks.common import ensure_inputs
+
+    command, flags = parse_flags(flag_parser(), argv)
+    sizes, sides = flags.sizes, flags.sides
     threads = command.load().resources.threads_per_worker or torch.get_num_threads()
     train = max(p for p, _, _ in sizes) * (1 + STEPS)
     data_sizes = f"data.sizes={{sft: 8, train: {train}, val: 8, test: 8}}"

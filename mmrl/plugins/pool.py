@@ -1,9 +1,9 @@
-"""A pool of worker processes that run reward functions, so that no plugin can hurt the run.
+"""A pool of worker processes that run plugins (reward functions, agent tools): no plugin can hurt the run.
 
-Workers are given specs (strings), never function objects: each worker resolves a spec itself and
-keeps the function. The parent sends a chunk of samples; the worker reports, per sample, when its call
-starts and what it produced (:func:`execute`). Every limit is therefore enforced by the parent, from
-another process, so it holds even when a plugin never releases the GIL:
+Workers are given specs (strings), never function objects: each worker resolves a spec itself and keeps the
+function (:mod:`mmrl.plugins.worker`). The parent sends a chunk of samples; the worker reports, per sample,
+when its call starts and what it produced. Every limit (:mod:`mmrl.plugins.limits`) is therefore enforced by
+the parent, from another process, so it holds even when a plugin never releases the GIL:
 
 * a call running past ``timeout_s`` (plus a short grace) gets its worker SIGKILLed; that sample times
   out, the chunk's samples not yet started go back to the queue, and a fresh worker takes the slot;
@@ -19,77 +19,52 @@ the rest of its samples of that run at once: a broken plugin costs a step about 
 Once a worker has loaded a spec it reports which fields its function reads; from then on the parent
 leaves the bulky ones it does not read (images, videos, the row's columns) out of the chunks.
 
-Workers are fresh interpreters, never forks of the driver (it has Ray and torch threads), nor
-multiprocessing spawns (they re-import the driver's ``__main__``, torch and all): a worker runs one
-line that imports this module, whose imports are light.
-
 What a worker does with a spec is its pool's *runner*'s, a module (named when the pool is made) that
 defines ``resolve(spec)`` (the function a spec names), ``execute(fn, items, timeout_s, emit)`` (call it on
-the items, reporting through ``emit`` as :func:`execute` does), ``fields_read(fn)`` (which of the items'
-``BULKY_FIELDS`` it reads) and ``NOUN`` (the kind of plugin, for messages). This module is the runner of
-reward functions; :mod:`mmrl.agent.worker` is the agent tools'.
+the items, reporting ``("start", index)`` and ``("done", index, Outcome)`` through ``emit``),
+``fields_read(fn)`` (which of the items' ``BULKY_FIELDS`` it reads) and ``NOUN`` (the kind of plugin, for
+messages). :mod:`rewards.runner` is the runner of reward functions; :mod:`mmrl.agent.worker` the agent
+tools'. A runner's imports should stay light: every worker imports it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import importlib
-import inspect
-import json
 import math
-import os
 import pickle
-import signal
-import subprocess
 import sys
 import threading
 import time
-import traceback
 import weakref
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing import Pipe
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from types import ModuleType
 from typing import Any
 
-import psutil
+from mmrl.plugins.limits import GRACE_S, LOAD_TIMEOUT_S, MAX_START_FAILURES, POLL_S, START_TIMEOUT_S
+from mmrl.plugins.outcome import Outcome
+from mmrl.plugins.process import WorkerProcess, describe_exit, shutdown
 
-from rewards.registry import resolve
-from rewards.types import (CallPlan, Outcome, RewardFn, RewardInput, bind, describe_fn, is_result_list, plan_call,
-                           to_plain)
-
-POLL_S = 0.02  # how often the parent checks deadlines and memory while a call runs
-START_TIMEOUT_S = 60.0  # for a fresh worker to report ready
-LOAD_TIMEOUT_S = 60.0  # at least, for a worker to load a spec (a plugin's imports are not the reward call)
-MAX_START_FAILURES = 3  # workers in a row that die or hang before ready: the environment is broken
-GRACE_S = 0.25  # past timeout_s before a call is killed: an async function's own timeout reports first
-BULKY_FIELDS = ("images", "videos", "extra")  # not sent to a function known not to take them
-NOUN = "reward"  # what a spec names, in messages: "reward worker", "reward function"
-
-Item = tuple[int, RewardInput]  # (the sample's index in the caller's batch, the sample)
-Job = tuple[str, Sequence[Item]]  # one reward function's spec and the samples it scores
-Emit = Callable[[tuple], None]  # gets ("start", index) before a call takes a sample, ("done", index, Outcome) after
-
-_BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-         "from rewards.pool import worker_main; worker_main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])")
+Item = tuple[int, Any]  # (the sample's index in the caller's batch, the sample: a dataclass the runner reads)
+Job = tuple[str, Sequence[Item]]  # one plugin's spec and the samples it is called on
 
 
 class PluginPool:
     """``num_workers`` worker processes, started on first use and replaced when they fail; ``runner``: the
     module that resolves and calls the specs in the workers (see above)."""
 
-    def __init__(self, num_workers: int = 2, max_memory_mb: float = 4096.0, runner: str = __name__) -> None:
+    def __init__(self, num_workers: int = 2, max_memory_mb: float = 4096.0, *, runner: str) -> None:
         self.num_workers, self.max_memory_mb = num_workers, max_memory_mb
         self.runner: ModuleType = importlib.import_module(runner)
         self._workers: list[_Worker] = []
         self._start_failures = 0
-        self._fields: dict[str, frozenset[str]] = {}  # spec -> the RewardInput fields its function reads
+        self._fields: dict[str, frozenset[str]] = {}  # spec -> the fields of the samples its function reads
         self._lock = threading.Lock()  # one run() at a time: the workers' state is the call's
         # Ends the workers on close(), garbage collection or interpreter exit; holds the list, not the pool.
-        self._finalizer = weakref.finalize(self, _shutdown, self._workers)
+        self._finalizer = weakref.finalize(self, shutdown, self._workers)
 
     @property
     def pids(self) -> list[int]:
@@ -277,8 +252,8 @@ class PluginPool:
             raise RuntimeError(
                 f"{self.runner.NOUN} worker processes fail to start: {self._start_failures} in a row, the last "
                 f"{reason}. "
-                f"Their error output is above; `{sys.executable} -c 'import rewards.pool'` reproduces an "
-                "import error"
+                f"Their error output is above; `{sys.executable} -c 'import mmrl.plugins.worker, "
+                f"{self.runner.__name__}'` reproduces an import error"
             )
 
     def _discard(self, worker: _Worker) -> None:
@@ -343,20 +318,11 @@ class _Call:
             self.remaining -= 1
 
 
-class _Worker:
-    """The parent's handle on one worker process and the chunk it is working on."""
+class _Worker(WorkerProcess):
+    """A worker process and the chunk it is working on."""
 
     def __init__(self, runner: str) -> None:
-        ours, theirs = Pipe()
-        paths = json.dumps([p for p in sys.path if isinstance(p, str)])
-        argv = [sys.executable, "-c", _BOOT, paths, str(theirs.fileno()), str(os.getpid()), runner]
-        self.proc = subprocess.Popen(argv,
-                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
-        theirs.close()
-        self.conn: Connection = ours
-        self.launched_at = time.monotonic()
-        self.ready = False
-        self._process: psutil.Process | None = None
+        super().__init__(runner)
         self.chunk: _Chunk | None = None
         self.pending: set[int] = set()  # the chunk's samples without an outcome yet
         self.running: dict[int, float] = {}  # started samples -> the deadline of their call
@@ -365,234 +331,3 @@ class _Worker:
     @property
     def idle(self) -> bool:
         return self.ready and self.chunk is None
-
-    def mark_ready(self) -> None:
-        self.ready = True
-        try:
-            self._process = psutil.Process(self.proc.pid)
-        except psutil.Error:
-            self._process = None
-
-    def rss_mb(self) -> float:
-        try:
-            return self._process.memory_info().rss / 2**20 if self._process is not None else 0.0
-        except psutil.Error:  # it just died: the channel reports that
-            return 0.0
-
-    def exit_code(self) -> int | None:
-        try:
-            return self.proc.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return self.proc.returncode
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.conn.close()
-
-
-def describe_exit(code: int | None) -> str:
-    """An exit status as a reader wants it: "exit code 1", "killed by SIGSEGV"."""
-    if code is None or code >= 0:
-        return f"exit code {code}"
-    try:
-        return f"killed by {signal.Signals(-code).name}"
-    except ValueError:
-        return f"killed by signal {-code}"
-
-
-RewardPool = PluginPool  # the reward stage's pool: this module is its runner
-
-
-def _shutdown(workers: list[_Worker]) -> None:
-    """Ask idle workers to exit, then kill whatever is left (a hung one cannot answer)."""
-    for worker in workers:
-        try:
-            worker.conn.send_bytes(pickle.dumps(("exit",)))
-        except OSError:
-            pass
-    deadline = time.monotonic() + 1.0
-    for worker in workers:
-        try:
-            worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-        worker.kill()
-    workers.clear()
-
-
-# --- calling a function on samples: in a worker process, or inline in the driver -----------------------
-
-
-def run_inline(fn: RewardFn, items: Sequence[Item], timeout_s: float) -> dict[int, Outcome]:
-    """:func:`execute` in this thread: protects from exceptions and bad values only. A call that returns
-    late is a timeout, but nothing stops one that never returns, or a crash, or its memory."""
-    done: dict[int, Outcome] = {}
-    execute(fn, items, timeout_s, lambda event: done.update({event[1]: event[2]}) if event[0] == "done" else None)
-    return done
-
-
-def execute(fn: RewardFn, items: Sequence[Item], timeout_s: float, emit: Emit) -> None:
-    """Call ``fn`` on every sample of ``items``, reporting each through ``emit``; never raises.
-
-    A plain function takes the samples one by one, a batched one in a single call, an async one
-    concurrently on one event loop. A call taking longer than ``timeout_s`` is a timeout even if it
-    returns (an async call is cancelled); one that never returns is the caller's to stop.
-    """
-    owner = describe_fn(fn)
-    try:
-        plan = plan_call(fn)
-    except TypeError as exc:
-        for index, _ in items:
-            emit(("done", index, raised(exc)))
-        return
-    if plan.batched:
-        _execute_batched(fn, plan, owner, items, timeout_s, emit)
-    elif plan.is_async:
-        asyncio.run(_execute_async(fn, plan, owner, items, timeout_s, emit))
-    else:
-        for index, inp in items:
-            emit(("start", index))
-            start = time.monotonic()
-            try:
-                result = fn(**bind(plan, inp, owner))
-                if inspect.isawaitable(result):  # e.g. a sync wrapper returning a coroutine
-                    result = asyncio.run(_within(result, timeout_s))
-                outcome = _returned(result, start, timeout_s)
-            except BaseException as exc:  # the plugin's failure is this sample's, whatever it is
-                outcome = raised(exc)
-            emit(("done", index, outcome))
-
-
-def _execute_batched(fn: RewardFn, plan: CallPlan, owner: str, items: Sequence[Item], timeout_s: float,
-                     emit: Emit) -> None:
-    indices, calls = [], []
-    for index, inp in items:
-        emit(("start", index))
-        try:
-            calls.append(bind(plan, inp, owner))
-            indices.append(index)
-        except TypeError as exc:
-            emit(("done", index, raised(exc)))
-    if not indices:
-        return
-    start = time.monotonic()
-    try:
-        results = fn(**{name: [kwargs[name] for kwargs in calls] for name in calls[0]})
-        if inspect.isawaitable(results):
-            results = asyncio.run(_within(results, timeout_s))
-        if results is _TIMED_OUT or time.monotonic() - start > timeout_s:
-            outcomes = [timed_out(timeout_s)] * len(indices)
-        elif not is_result_list(results) or len(results) != len(indices):
-            got = f"{len(results)} results" if is_result_list(results) else f"a {type(results).__name__}"
-            message = (f"batched reward function returned {got} for {len(indices)} samples; "
-                       "return a list with one result per sample")
-            outcomes = [Outcome(failure="bad_type", message=message)] * len(indices)
-        else:
-            outcomes = [Outcome(value=to_plain(result)) for result in results]
-    except BaseException as exc:
-        outcomes = [raised(exc)] * len(indices)
-    for index, outcome in zip(indices, outcomes):
-        emit(("done", index, outcome))
-
-
-async def _execute_async(fn: RewardFn, plan: CallPlan, owner: str, items: Sequence[Item], timeout_s: float,
-                         emit: Emit) -> None:
-    async def one(index: int, inp: RewardInput) -> None:
-        emit(("start", index))
-        start = time.monotonic()
-        try:
-            outcome = _returned(await _within(fn(**bind(plan, inp, owner)), timeout_s), start, timeout_s)
-        except BaseException as exc:
-            outcome = raised(exc)
-        emit(("done", index, outcome))
-
-    await asyncio.gather(*(one(index, inp) for index, inp in items))
-
-
-_TIMED_OUT = object()
-
-
-async def _within(awaitable: Any, timeout_s: float) -> Any:
-    """The awaitable's result, or _TIMED_OUT (after cancelling it) past ``timeout_s``.
-
-    Unlike asyncio.wait_for, a TimeoutError the plugin raises itself stays an error.
-    """
-    task = asyncio.ensure_future(awaitable)
-    done, _ = await asyncio.wait({task}, timeout=timeout_s)
-    if not done:
-        task.cancel()
-        return _TIMED_OUT
-    return task.result()
-
-
-def _returned(result: object, start: float, timeout_s: float) -> Outcome:
-    if result is _TIMED_OUT or time.monotonic() - start > timeout_s:
-        return timed_out(timeout_s)
-    return Outcome(value=to_plain(result))
-
-
-def timed_out(timeout_s: float) -> Outcome:
-    return Outcome(failure="timeout", message=f"did not return within {timeout_s:g} s")
-
-
-def raised(exc: BaseException) -> Outcome:
-    """The outcome of a call that raised ``exc``, its message naming where in the plugin it was raised."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
-    return Outcome(failure="error", message=f"{type(exc).__name__}: {exc}{where}")
-
-
-# --- the worker process -------------------------------------------------------------------------------
-
-
-def worker_main(fd: int, parent_pid: int, runner: str = __name__) -> None:
-    """A worker's loop: read a chunk, load its spec (cached) with ``runner``'s ``resolve``, run it with its
-    ``execute``, report; until told to exit."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle; it ends the workers
-    conn = Connection(fd)
-    threading.Thread(target=_exit_with_parent, args=(parent_pid,), name="mmrl-watch", daemon=True).start()
-    module = importlib.import_module(runner)
-    conn.send(("ready",))
-    functions: dict[str, RewardFn | str] = {}  # spec -> its function, or why it could not be loaded
-    while True:
-        try:
-            message = pickle.loads(conn.recv_bytes())
-        except EOFError:
-            return
-        except Exception as exc:
-            conn.send(("load_failed", f"the worker could not read the samples ({type(exc).__name__}: {exc})"))
-            continue
-        if message[0] == "exit":
-            return
-        _, spec, timeout_s, items = message
-        if spec not in functions:
-            try:
-                functions[spec] = module.resolve(spec)
-            except BaseException as exc:  # a plugin's import may raise anything, SystemExit included
-                functions[spec] = f"could not load {module.NOUN} {spec!r}: {type(exc).__name__}: {exc}"
-        fn = functions[spec]
-        if isinstance(fn, str):
-            conn.send(("load_failed", fn))
-            continue
-        conn.send(("loaded", module.fields_read(fn)))
-        module.execute(fn, items, timeout_s, conn.send)
-
-
-def fields_read(fn: RewardFn) -> tuple[str, ...]:
-    """The RewardInput fields a call of ``fn`` reads: those it takes, and ``extra`` for its row columns."""
-    try:
-        plan = plan_call(fn)
-    except TypeError:
-        return BULKY_FIELDS  # it will fail on its own; send everything
-    return plan.fields + (("extra",) if plan.columns else ())
-
-
-def _exit_with_parent(parent_pid: int) -> None:
-    """End this worker once the driver is gone (a SIGKILLed driver cannot close its pool)."""
-    while True:
-        time.sleep(1.0)
-        if os.getppid() != parent_pid:
-            os._exit(0)

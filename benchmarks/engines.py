@@ -7,8 +7,8 @@ into the engine); and the time of one weight load alone. Ratios are vLLM over hf
 command. The demo's default engine is the faster one at the demo's size (16 prompts x 8): the README gives
 the table.
 
-    make bench                                     # both parts
-    python -m pipelines.bench_engines --config configs/bench_engines.yaml
+    make bench                                     # every part
+    python -m benchmarks.engines --config configs/bench_engines.yaml
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import time
 
 from tqdm import tqdm
 
+from benchmarks.common import ensure_inputs, print_table, spawn
 from mmrl.config import Config
 from mmrl.controller.session import ensure_ray
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
 from mmrl.trainer.dataset import PromptLoader, load_rows
-from pipelines.bench import ensure_inputs, print_table, spawn
 from pipelines.cli import parse
 
 SIZES = (8, 16, 64, 256)

@@ -1,4 +1,4 @@
-"""``make bench``: step time and peak memory of the worker layouts.
+"""``make bench`` (first part, after ``bench-peer``): step time and peak memory of the worker layouts.
 
 Runs, each in fresh worker processes (so that every peak is its own):
 
@@ -20,6 +20,7 @@ a test: it asserts nothing about speed.
 
     make bench                                   # configs/bench.yaml (an ~11 M parameter tiny model)
     make bench ARGS="trainer.prompts_per_step=16"  # any config key
+    python -m benchmarks.layouts --config configs/bench.yaml
 """
 
 from __future__ import annotations
@@ -28,20 +29,17 @@ import copy
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from benchmarks.common import ensure_inputs, full_step, print_table, spawn, step_peaks
 from mmrl.config import Config, PartConfig, VisionPartConfig
-from mmrl.controller import ResourcePool, WorkerGroup
 from mmrl.controller.session import ensure_ray
-from mmrl.controller.worker import resolve_device
 from mmrl.perf_memory import PEAK_KEY
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
 from mmrl.trainer.dataset import PromptLoader, load_rows
-from pipelines.probes import ProbedActor
 from pipelines.cli import parse
 
 STEPS = 4
@@ -74,54 +72,12 @@ class Result:
         return sum(self.peak_gb) - sum(self.start_gb)
 
 
-def step_peaks(group: WorkerGroup, peaks: list[float]) -> list[float]:
-    """Each worker's peak so far: ``peaks`` and the window of the step just run, whichever is larger."""
-    return [max(a, b) for a, b in zip(peaks, group.peak_memory_gb())]
-
-
-def ensure_inputs(cfg: Config, rebuild_data: bool = False) -> None:
-    """Build the bench model and data the first time (seconds); the data every time with ``rebuild_data``."""
-    from data_prep.parquet import write_parquet
-    from data_prep.synthetic import build_splits
-    from mmrl.models.tiny import build_tiny_vlm
-    from pipelines.model import task_corpus
-
-    if not (Path(cfg.model.path) / "config.json").is_file():
-        build_tiny_vlm(task_corpus(cfg), cfg.tiny_model, cfg.model.path, cfg.seed, cfg.model.family)
-    if rebuild_data or not (Path(cfg.data.dir) / "train.parquet").is_file():
-        splits = build_splits(cfg.data.tasks, cfg.data.sizes, cfg.seed, cfg.data.image_size, cfg.data.max_count)
-        for split, rows in splits.items():
-            write_parquet(rows, Path(cfg.data.dir) / f"{split}.parquet")
-
-
 def variant(cfg: Config, workers: int, vision: str, llm: str) -> Config:
     cfg = copy.deepcopy(cfg)
     cfg.resources.num_workers = workers
     cfg.actor.vision = VisionPartConfig(strategy=vision, shard_size=1, freeze=cfg.actor.vision.freeze)
     cfg.actor.llm = PartConfig(strategy=llm, shard_size=1)
     return cfg
-
-
-def spawn(cfg: Config) -> WorkerGroup:
-    use_gpu = resolve_device(cfg.resources.device).type == "cuda"
-    workers = cfg.resources.num_workers
-    cpus = float(torch.get_num_threads()) if not use_gpu else 1.0
-    pool = ResourcePool(workers, cpus_per_worker=max(cpus / workers, 0.5), use_gpu=use_gpu, name="bench")
-    return WorkerGroup(ProbedActor, pool, threads=max(1, int(cpus // workers)), device=cfg.resources.device)
-
-
-def full_step(group: WorkerGroup, prompts: Batch, params: SamplingParams) -> Batch:
-    """A new step (its peak-memory window opens) -> rollout -> old and reference log-probs -> advantages (random: this measures the system) -> update -> the
-    weights into the engine. With ``group.group_by_prompt`` off (the baseline of :func:`data_movement`), the
-    driver holds the prompts' encodings, as before prompts stayed on the workers, and ships them each call."""
-    group.forget_prompts()
-    baseline = not group.group_by_prompt
-    batch = prompts.repeat(params.n).union(group.generate(prompts, params, return_prompts=baseline))
-    batch = batch.union(group.compute_log_probs(batch)).union(group.compute_ref_log_probs(batch))
-    batch.tensors["advantages"] = torch.randn(len(batch), 1) * batch["response_mask"]
-    group.update_actor(batch)
-    group.sync_weights(False)
-    return batch
 
 
 def time_layout(cfg: Config, prompts: list[Batch], params: SamplingParams) -> Result:
@@ -189,14 +145,6 @@ def data_movement(cfg: Config, prompts: Batch, params: SamplingParams) -> list[l
         after.append(f"{float(before[2]) / float(after[2]):.0f}x / {float(before[3]) / float(after[3]):.0f}x")
         before.append("")
     return rows
-
-
-def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    print(f"\n{title}")
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
 
 
 def main(argv: list[str] | None = None) -> None:
