@@ -29,7 +29,8 @@ guidance (``trainer.guide_unsolved``) runs for a group whose every episode is wr
 
 Demonstration rows (the ``sft`` split by default) hold a whole episode: the question, the policy's ``zoom_in``
 call on the cell (in the coordinates the model sees), the tool turn with the zoomed image (made by the built-in
-tool itself) and the answer. :mod:`mmrl.agent.chat` encodes them (``ChatFormat.in_format``). With ``call_share``
+tool itself) and the answer; the call, as the guide's, is written in the model family's tool-call format (the
+spec's ``tool_calls``). :mod:`mmrl.agent.chat` encodes them (``ChatFormat.in_format``). With ``call_share``
 below 1, only that share of them (spread evenly over the split) trains the call; the others show it as context
 (``extra["context_messages"]``), so SFT teaches reading the zoomed image on every demonstration and where to zoom
 on few. With ``call_cells="random"`` the trained calls zoom on a random cell and their answers are context: SFT
@@ -60,8 +61,8 @@ from data_prep.parquet import write_parquet
 from data_prep.pixels import encode_png
 from data_prep.synthetic import SHAPES, _apart, _draw_shape, derive_seed  # the shapes as the other tasks draw them
 from mmrl.agent.builtin import zoom_in
-from mmrl.agent.calls import format_call
 from mmrl.answer_format import format_answer
+from mmrl.models.tool_calls import QWEN_TOOL_CALLS, ToolCallFormat
 from mmrl.schema import IMAGE_PLACEHOLDER, make_row
 
 TASK = "zoom"
@@ -106,6 +107,9 @@ class ZoomTaskSpec:
     calls do not learn which of them is the column's (README, agent section); ``Bb`` is one word, which the
     tiny model's tokenizer makes one token: the cell's own. The naming changes the question's text only: a row's
     ``extra["cell"]`` is always the grid name ("B2")."""
+    tool_calls: ToolCallFormat = field(default=QWEN_TOOL_CALLS, repr=False)
+    """How the model writes a tool call: its family's format (:attr:`mmrl.agent.chat.ChatFormat.calls`), in which
+    the guides' and demonstrations' calls are written (Qwen's, every family's today, by default)."""
 
     def __post_init__(self) -> None:
         lo, hi = self.shape_sides
@@ -258,14 +262,14 @@ def _candidate(rng: random.Random, spec: ZoomTaskSpec) -> tuple[Image.Image, dic
     extra = {"task": TASK, "grid": spec.grid, "cell": target["cell"], "kind": target["kind"], "background": [grey] * 3,
              "cell_box": [x0, y0, x0 + side, y0 + side], "shape_box": [x, y, x + s, y + s],
              "view_box": spec.view_box(*index), "shapes": shapes}
-    extra["guide"] = guide_turns(extra["view_box"], target["colour"])
+    extra["guide"] = guide_turns(extra["view_box"], target["colour"], spec.tool_calls)
     return render_board(shapes, spec, grey), extra, target["colour"]
 
 
-def guide_turns(box: list[float], answer: str) -> list[str]:
+def guide_turns(box: list[float], answer: str, calls: ToolCallFormat) -> list[str]:
     """The known-good episode's policy turns (``extra["guide"]``, for ``trainer.guide_unsolved``): the
-    ``zoom_in`` call on ``box`` (the question's view box), then the answer."""
-    return [format_call(ZOOM_TOOL, {"bbox_2d": box}), format_answer(answer)]
+    ``zoom_in`` call on ``box`` (the question's view box) in the format ``calls``, then the answer."""
+    return [calls.format_call(ZOOM_TOOL, {"bbox_2d": box}), format_answer(answer)]
 
 
 def demonstration(row: dict[str, Any], image: Image.Image, spec: ZoomTaskSpec, train_call: bool = True,
@@ -278,7 +282,7 @@ def demonstration(row: dict[str, Any], image: Image.Image, spec: ZoomTaskSpec, t
     box = extra["view_box"] if call_cell is None else spec.view_box(*call_cell)
     zoomed = zoom_in(box, images=[image], model_image_sizes=[(spec.view_side, spec.view_side)],
                      max_pixels=spec.zoom_max_pixels)
-    call_text, answer_text = guide_turns(box, row["answer"])
+    call_text, answer_text = guide_turns(box, row["answer"], spec.tool_calls)
     messages = [*row["messages"], {"role": "assistant", "content": call_text},
                 {"role": "tool", "content": IMAGE_PLACEHOLDER}, {"role": "assistant", "content": answer_text}]
     call, answer = len(row["messages"]), len(row["messages"]) + 2

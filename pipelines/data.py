@@ -14,6 +14,8 @@ processor at ``model.path``, which also counts each prompt's tokens, so that che
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections import Counter
 from pathlib import Path
 
@@ -49,14 +51,17 @@ def zoom_board(cfg: Config, **view: int) -> ZoomTaskSpec:
 
 def zoom_spec(cfg: Config) -> ZoomTaskSpec:
     """The zoom task for this run: its board (:func:`zoom_board`), the view the model at ``model.path`` gets
-    of it (its processor's resize) and the run's zoom budget (``rollout.agent.max_pixels``)."""
+    of it (its processor's resize), the run's zoom budget (``rollout.agent.max_pixels``) and its family's tool-call
+    format (the demonstrations' and guides' calls)."""
     from mmrl.agent.chat import ChatFormat
 
     processor = load_processor(cfg.model.path)
     side = cfg.data.image_size
     encoded = encode_prompt(processor, [{"role": "user", "content": IMAGE_PLACEHOLDER}], [Image.new("RGB", (side, side))])
-    view = ChatFormat(processor).model_image_sizes(encoded)[0]
-    return zoom_board(cfg, view_side=min(view), zoom_max_pixels=cfg.rollout.agent.max_pixels)
+    chat = ChatFormat(processor)
+    view = chat.model_image_sizes(encoded)[0]
+    return dataclasses.replace(zoom_board(cfg, view_side=min(view), zoom_max_pixels=cfg.rollout.agent.max_pixels),
+                               tool_calls=chat.calls)
 
 
 def zoom(cfg: Config) -> None:

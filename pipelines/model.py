@@ -19,6 +19,7 @@ from data_prep.zoom_task import TASK as ZOOM
 from data_prep.zoom_task import ZOOM_TOOL
 from mmrl.answer_format import format_answer
 from mmrl.config import Config
+from mmrl.models.families import family_named
 from mmrl.models.loading import load_model
 from mmrl.models.tiny import build_tiny_vlm, count_parameters
 from pipelines.cli import parse
@@ -55,35 +56,35 @@ def task_corpus(cfg: Config, rows_per_task: int = 200) -> Iterator[str]:
 
 
 def zoom_corpus(cfg: Config, copies: int = 20) -> Iterator[str]:
-    """The zoom task's texts: every question, a call on every cell (at the tiny model's view) and the answers."""
-    from mmrl.agent.calls import format_call
-
+    """The zoom task's texts: every question, a call on every cell (at the tiny model's view, in the tool-call
+    format of ``model.family``) and the answers."""
+    calls = family_named(cfg.model.family).tool_calls
     spec = zoom_board(cfg)
     for _ in range(copies):
         for row in range(spec.grid):
             for col in range(spec.grid):
                 for kind in SHAPES:
                     yield spec.question(kind, row, col)
-                yield format_call(ZOOM_TOOL, {"bbox_2d": spec.view_box(row, col)})
+                yield calls.format_call(ZOOM_TOOL, {"bbox_2d": spec.view_box(row, col)})
         for colour in COLOURS:
             yield format_answer(colour)
 
 
 def agent_corpus(cfg: Config, copies: int = 50) -> Iterator[str]:
-    """An agent run's own texts: its tools' block in the system message and the call format, so that a
-    tokenizer trained for the run spends few tokens on them."""
-    from mmrl.agent.calls import format_call
-    from mmrl.agent.chat import RESPONSE_CLOSE, RESPONSE_OPEN, tools_block
+    """An agent run's own texts, in the tool-call format of ``model.family``: its tools' block in the system
+    message, a call of each tool and an empty tool response, so that a tokenizer trained for the run spends few
+    tokens on them."""
     from mmrl.agent.executor import ToolExecutor
     from mmrl.agent.table import build_tool_table
 
+    calls = family_named(cfg.model.family).tool_calls
     with ToolExecutor(isolation="inline") as describer:
-        tools = build_tool_table(cfg.rollout.agent.tools, describer).definitions()
+        tools = build_tool_table(cfg.rollout.agent.tools, describer, fmt=calls).definitions()
     for _ in range(copies):
-        yield tools_block(tools)
+        yield calls.tools_block(tools)
         for tool in tools:
-            yield format_call(tool["function"]["name"], {})
-        yield RESPONSE_OPEN + RESPONSE_CLOSE
+            yield calls.format_call(tool["function"]["name"], {})
+        yield calls.tool_responses([""])
 
 
 def main(argv: list[str] | None = None) -> None:

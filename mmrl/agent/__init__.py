@@ -8,9 +8,9 @@ module             concept
                    coordinates the model saw) and ``calculator``
 ``registry``       a tool spec (a built-in name, an installed plugin, ``path/to/file.py:function``) -> the function
 ``outputs``        what a call gives back (:class:`~mmrl.agent.outputs.ToolOutput`), its limits and checks
-``worker``         what a tool worker process does with a call (the runner of :mod:`rewards.pool`)
+``worker``         what a tool worker process does with a call (the runner of :mod:`mmrl.plugins.pool`)
 ``executor``       running a turn's calls, isolated in worker processes, a hung tool costing one timeout a step
-``calls``          Qwen's ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` parsed and checked
+``calls``          a policy turn's calls, read in the family's format (:mod:`mmrl.models.tool_calls`), checked
 ``table``          the tools of a run by name: their specs, schemas and argument validators
 ``stats``          counts of calls by tool and of errors by kind, as metrics
 ``chat``           the tools in the system prompt and a tool turn in the family's chat format, encoded

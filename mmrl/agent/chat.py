@@ -4,10 +4,11 @@ A chat template knows tools in one of two ways:
 
 - **natively**: ``apply_chat_template(..., tools=...)`` writes them into the system message (Qwen3-VL's
   template, Qwen2.5's text models'), and renders role ``tool`` messages;
-- **not at all**: it ignores ``tools`` (the published Qwen2-VL and Qwen2.5-VL templates, and the tiny model's).
-  Then mmrl writes the tools block into the system message itself, in Qwen's format (:func:`tools_block`:
-  the text the native Qwen templates write), and renders each tool turn as a user turn of
-  ``<tool_response>`` blocks, which is how the native Qwen templates render role ``tool``.
+- **not at all**: it ignores ``tools`` (the published Qwen2-VL, Qwen2.5-VL and SmolVLM templates, and the tiny
+  models'). Then mmrl writes the tools block into the system message itself, in the family's tool-call format
+  (:attr:`ChatFormat.calls`, :mod:`mmrl.models.tool_calls`), and renders each run of tool turns as one user turn
+  of the format's tool responses. For every family today that is Qwen's format: the tools block the native
+  Qwen templates write, and ``<tool_response>`` blocks, which is how they render role ``tool``.
 
 Either way :class:`ChatFormat` returns plain conversation messages (string contents with ``<image>``
 placeholders, as in the data rows) that :func:`~mmrl.models.encoding.encode_prompt` encodes: with tools,
@@ -18,7 +19,6 @@ the family's own encoder, so its image tokens and pixels are made as a prompt's 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,23 +27,12 @@ from PIL import Image
 from mmrl.agent.outputs import ToolOutput
 from mmrl.models.encoding import EncodedPrompt, to_chat_content
 from mmrl.models.families import family_of_processor
+from mmrl.models.tool_calls import ToolCallFormat
 from mmrl.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 
 _MARK = "\x00mmrl-system\x00"  # stands for the system message's content while its place is found
 _PROBE = {"type": "function", "function": {"name": "mmrl_probe", "description": "probe",
                                            "parameters": {"type": "object", "properties": {}}}}
-RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>\n", "\n</tool_response>"
-
-
-def tools_block(tools: Sequence[dict[str, Any]]) -> str:
-    """Qwen's tools section of a system message, listing ``tools`` (``{"type": "function", ...}`` dicts)."""
-    listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-            "You are provided with function signatures within <tools></tools> XML tags:\n"
-            f"<tools>\n{listed}\n</tools>\n\n"
-            "For each function call, return a json object with function name and arguments within "
-            "<tool_call></tool_call> XML tags:\n<tool_call>\n"
-            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
 
 
 class ChatFormat:
@@ -52,6 +41,9 @@ class ChatFormat:
     def __init__(self, processor: Any) -> None:
         self.processor = processor
         self.family = family_of_processor(processor)
+        self.calls: ToolCallFormat = self.family.tool_calls
+        """The family's tool-call format: how the policy writes calls, and the tools block and tool responses
+        mmrl writes where the template does not."""
         tokenizer = processor.tokenizer
         if tokenizer("x")["input_ids"] != tokenizer("x", add_special_tokens=False)["input_ids"]:
             raise ValueError(f"the {self.family.name} tokenizer adds special tokens to every text it encodes; a tool "
@@ -77,7 +69,7 @@ class ChatFormat:
         if self.native_tools:
             system = self._native_system(messages, rest, tools)
         else:
-            system = (messages[0]["content"] + "\n\n" if has_system else "") + tools_block(tools)
+            system = (messages[0]["content"] + "\n\n" if has_system else "") + self.calls.tools_block(tools)
         out = [{"role": "system", "content": system}, *rest]
         if self.native_tools and self._chat_text(out) != self._render(messages, tools):
             raise ValueError(f"the {self.family.name} chat template renders tools in a form mmrl cannot carry in the "
@@ -104,21 +96,20 @@ class ChatFormat:
 
     def in_format(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """A conversation whose ``tool`` messages are put in the template's form: kept as they are where the
-        template renders tool turns natively, else each run of them merged into one user message of
-        ``<tool_response>`` blocks. (Data rows of demonstrations are encoded through this.)"""
+        template renders tool turns natively, else each run of them merged into one user message of the
+        format's tool responses (:meth:`~mmrl.models.tool_calls.ToolCallFormat.tool_responses`). (Data rows of
+        demonstrations are encoded through this.)"""
         if self.native_tool_role:
             return [dict(m) for m in messages]
-        out: list[dict[str, Any]] = []
+        out: list[dict[str, Any] | list[str]] = []  # a message, or a run of tool messages' contents
         for message in messages:
             if message["role"] != "tool":
-                out.append(dict(message))
-                continue
-            block = RESPONSE_OPEN + message["content"] + RESPONSE_CLOSE
-            if out and out[-1].get("tool_responses"):
-                out[-1]["content"] += "\n" + block
+                out.append({"role": message["role"], "content": message["content"]})
+            elif out and isinstance(out[-1], list):
+                out[-1].append(message["content"])
             else:
-                out.append({"role": "user", "content": block, "tool_responses": True})
-        return [{"role": m["role"], "content": m["content"]} for m in out]
+                out.append([message["content"]])
+        return [m if isinstance(m, dict) else {"role": "user", "content": self.calls.tool_responses(m)} for m in out]
 
     def turn_text(self, outputs: Sequence[ToolOutput]) -> str:
         """The text after the policy's end-of-turn token up to and including the next generation prompt, for a

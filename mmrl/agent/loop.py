@@ -3,9 +3,11 @@
 Per step (:meth:`AgentLoop.run`): the first policy turn samples ``params.n`` episodes per prompt (each prompt
 prefilled once for its n samples, as single-turn rollouts are); every later turn generates one continuation
 for each unfinished episode, from its whole context (:meth:`~mmrl.agent.episode.Episode.context`), in one
-engine call per token allowance (episodes near a budget get fewer new tokens). Between policy turns, the
-calls of all episodes run in one batch through the executor (worker processes: a tool failure is that call's
-error message), and each episode's outputs become its tool turn, encoded by the model family's own encoder.
+engine call per token allowance (episodes near a budget get fewer new tokens). A turn's calls are read by the
+tool table, in the model family's tool-call format (:attr:`~mmrl.agent.chat.ChatFormat.calls`). Between
+policy turns, the calls of all episodes run in one batch through the executor (worker processes: a tool failure
+is that call's error message), and each episode's outputs become its tool turn, encoded by the model family's
+own encoder.
 
 The engine is any :class:`~mmrl.rollout.base.RolloutEngine`; the contexts carry every image's pixels (hf) and
 the source images with the ids before media expansion (vLLM). The processor's work on earlier turns is kept
@@ -44,6 +46,10 @@ class AgentLoop:
                  max_model_len: int | None = None, kept_bytes: int = 1 << 30) -> None:
         """``max_model_len``: the longest context (prompt and response); None: the engine's ``max_model_len``.
         ``kept_bytes``: what the unfinished episodes' kept caches may hold in all (0: keep nothing)."""
+        if table.fmt is not chat.calls:  # the turns' calls are read by the table (ToolTable.parse), in its format
+            raise ValueError(f"{chat.family.name} writes tool calls in the {chat.calls.name} format, but the tool "
+                             f"table reads the {table.fmt.name} format; build it with build_tool_table(..., "
+                             "fmt=chat.calls)")
         self.engine, self.chat, self.table, self.executor = engine, chat, table, executor
         self.limits, self.tool_limits = limits, tool_limits
         self.kept_bytes = kept_bytes
@@ -141,7 +147,7 @@ class AgentLoop:
         kept = out.kept or [None] * len(episodes)
         for episode, row, logp, text, length, k in zip(episodes, out.responses, out.log_probs, out.texts, lengths, kept):
             ids = row[:length]
-            requests = self.table.parse(text)
+            requests = self.table.parse(text)  # in the family's format (checked in __init__)
             episode.add_policy_turn(ids, logp[:length], text, requests)
             if k is not None and k.length != episode.context_length() - 1:  # all but the unrun end-of-turn token
                 raise RuntimeError(f"prompt {episode.prompt.name}: the engine kept {k.length} tokens of a context of "

@@ -85,9 +85,9 @@ class AgentRollout:
         self.cfg = cfg
         self.executor = ToolExecutor(isolation=cfg.isolation, num_workers=cfg.num_workers, timeout_s=cfg.timeout_s,
                                      max_memory_mb=cfg.max_memory_mb)
-        self.table = build_tool_table(cfg.tools, self.executor)
         self.processor = processor
         self.chat = ChatFormat(processor)
+        self.table = build_tool_table(cfg.tools, self.executor, fmt=self.chat.calls)
         self.pad_id = processor.tokenizer.pad_token_id
         self.loop = AgentLoop(engine, self.chat, self.table, self.executor,
                               limits=episode_limits(cfg, max_new_tokens), tool_limits=tool_limits(cfg),

@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from mmrl.models.media import MEDIA_KEYS  # the prompt's media as the driver holds it
 from mmrl.protocol import Batch, sample_tokens
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -50,8 +51,6 @@ DISPATCH_ATTR = "_mmrl_dispatch"
 PAD_KEY = "is_pad"
 # Per-token tensors zeroed on padding rows, so that those rows add nothing to token losses.
 ZEROED_ON_PADDING = ("response_mask", "policy_mask", "advantages")
-# The prompt's media as the driver holds it: what a rank needs to encode a prompt it does not hold yet.
-MEDIA_KEYS = ("messages", "images", "videos")
 # A sample's own scoring context on the rank that generated it (an agent episode's; see mmrl.workers.prompts).
 CONTEXT_KEY = "context_key"
 # The scoring context itself (an EncodedPrompt), for a rank that does not hold its key yet.

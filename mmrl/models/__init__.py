@@ -1,4 +1,5 @@
-"""Model loading, the tiny-model factory and the one multimodal encoding path."""
+"""Model loading, the model families and their table, the media forms, the one multimodal encoding path, the
+tiny-model factory."""
 
 from mmrl.patches.lean_imports import import_generation_without_sklearn
 

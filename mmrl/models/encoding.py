@@ -5,6 +5,8 @@ Rollout, log-prob passes, training and evaluation all call :func:`encode_prompt`
 steps and hence the position ids (3-D for some families) can never disagree between generation and training.
 What differs per model family (the processor's arguments, the pixels' form) is the family's
 :meth:`~mmrl.models.families.base.Family.encode`; the family is the processor's (:func:`family_of_processor`).
+What is the same for every family (the placeholders, the videos' frames, the media fields) is
+:mod:`mmrl.models.media`'s.
 
 Layout of a collated batch of B sequences (P = longest prompt, R = response width)::
 
@@ -16,94 +18,30 @@ Logits at positions ``P-1 .. P+R-2`` predict the R response tokens.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from PIL import Image
 
-# Per kind of media: the pixels field and the grids field (with shared media, collate(share_media=True) adds
-# two keys per kind, :func:`shared_keys`: the grids of the distinct items, and which distinct item each is).
-from mmrl.models.families import MEDIA_KINDS, family_of_processor, shared_keys
+from mmrl.models.families import family_of_processor
 
-# The one definition of the placeholders and their counter, shared with data prep.
-from mmrl.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Video, count_placeholders
+# The media forms and the prompt type live in their own modules; those that callers import from here are
+# re-exported (__all__).
+from mmrl.models.media import (
+    MEDIA_FIELDS,
+    MEDIA_KINDS,
+    check_placeholders,
+    frames_array,
+    shared_keys,
+    to_chat_content,
+    video_metadata,
+)
+from mmrl.models.prompt import EncodedPrompt
+from mmrl.schema import Video
 
-_PLACEHOLDER = re.compile(f"({re.escape(IMAGE_PLACEHOLDER)}|{re.escape(VIDEO_PLACEHOLDER)})")
-# Media fields of an EncodedPrompt: concatenated over the samples of a batch, in sample order.
-MEDIA_FIELDS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
-
-
-@dataclass(eq=False)
-class EncodedPrompt:
-    """One prompt, tokenised and with its media processed.
-
-    input_ids: (P,) int64, each media placeholder expanded to one token per vision feature;
-    mm_token_type_ids: (P,) int64 (0 text, 1 image, 2 video); pixel_values: the images' pixels in the form the
-    family's tower takes (flattened patches (patches, C*T*patch*patch), or whole tiles (tiles, C, H, W)) or
-    None; image_grid_thw: (num_images, 3) or None, each image's (t, h, w) grid; pixel_values_videos,
-    video_grid_thw: the same for videos; second_per_grid_ts: (num_videos,) float, the seconds one temporal
-    grid step spans (for the time axis of the positions).
-
-    ``source_images`` / ``source_videos`` are the media the processor was given, and ``template_ids`` the
-    prompt's ids before the processor expanded its media placeholders, for an engine that processes media
-    itself (vLLM). They exist only in the process that encoded the prompt: pickling drops them, because the
-    processed pixels are what the trainer needs and what travels. ``name`` identifies the prompt in error
-    messages (its row id).
-
-    ``response_mm_types`` (R,) int64, set only on one sample's own context (an agent episode's prompt with the
-    media of its tool turns appended, :meth:`mmrl.agent.episode.Episode.scoring_context`): the media token
-    types of that sample's response, whose tool turns hold image tokens. None: a response of text only.
-    """
-
-    input_ids: torch.Tensor
-    mm_token_type_ids: torch.Tensor
-    pixel_values: torch.Tensor | None = None
-    image_grid_thw: torch.Tensor | None = None
-    pixel_values_videos: torch.Tensor | None = None
-    video_grid_thw: torch.Tensor | None = None
-    second_per_grid_ts: torch.Tensor | None = None
-    source_images: list[Image.Image] = field(default_factory=list)
-    source_videos: list[Video] = field(default_factory=list)
-    template_ids: list[int] = field(default_factory=list)
-    name: str = ""
-    response_mm_types: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "source_images": [], "source_videos": [], "template_ids": []}
-
-
-def to_chat_content(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Turn ``<image>`` / ``<video>`` placeholders inside message strings into chat content items, in order."""
-    kinds = {IMAGE_PLACEHOLDER: "image", VIDEO_PLACEHOLDER: "video"}
-    converted = []
-    for message in messages:
-        content = message["content"]
-        if not isinstance(content, str):
-            converted.append(dict(message))
-            continue
-        items = [{"type": kinds[part]} if part in kinds else {"type": "text", "text": part}
-                 for part in _PLACEHOLDER.split(content) if part]
-        converted.append({"role": message["role"], "content": items})
-    return converted
-
-
-def video_metadata(video: Video) -> dict[str, Any]:
-    """What the processor needs to know of already-sampled frames (no resampling, their real rate)."""
-    count = len(video.frames)
-    return {"total_num_frames": count, "fps": video.fps, "frames_indices": list(range(count)),
-            "duration": count / video.fps, "video_backend": "opencv"}
-
-
-def frames_array(video: Video) -> np.ndarray:
-    """(T, H, W, 3) uint8."""
-    return np.stack([np.asarray(frame.convert("RGB")) for frame in video.frames])
+__all__ = ["MEDIA_FIELDS", "EncodedPrompt", "collate", "encode_prompt", "frames_array", "response_media_types",
+           "to_chat_content", "video_metadata", "vision_token_ids"]
 
 
 def encode_prompt(
@@ -114,12 +52,7 @@ def encode_prompt(
     name: str = "",
 ) -> EncodedPrompt:
     """Apply the chat template (with the generation prompt) and the image and video processors to one prompt."""
-    for placeholder, media, kind in ((IMAGE_PLACEHOLDER, images, "image"), (VIDEO_PLACEHOLDER, videos, "video")):
-        if count_placeholders(messages, placeholder) != len(media):
-            raise ValueError(
-                f"prompt {name or ''} has {count_placeholders(messages, placeholder)} {placeholder} placeholders but "
-                f"{len(media)} {kind}s; put one placeholder where each {kind} goes"
-            )
+    check_placeholders(messages, images, videos, name)
     family = family_of_processor(processor)
     text = family.chat_text(processor, to_chat_content(messages))
     if videos and not family.takes_video:

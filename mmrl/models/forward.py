@@ -24,12 +24,12 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from mmrl.models.families import family_of, shared_keys
+from mmrl.models.families import family_of
+from mmrl.models.media import PIXEL_KEYS
 from mmrl.models.packing import additive
 from mmrl.models.scoring import Scoring, score_tokens
 
 VALUE_HEAD_FILE = "value_head.safetensors"
-VISION_ONLY = ("pixel_values", "pixel_values_videos", *shared_keys("image"), *shared_keys("video"))
 
 
 def core_model(model: nn.Module) -> nn.Module:
@@ -52,7 +52,7 @@ def encode_media(core: nn.Module, inputs: dict[str, torch.Tensor], always: bool)
 
 def text_inputs(inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
     """``inputs`` without the pixels (the grids stay: the model needs them for its 3-D positions)."""
-    return {k: v for k, v in inputs.items() if k not in VISION_ONLY}
+    return {k: v for k, v in inputs.items() if k not in PIXEL_KEYS}
 
 
 class PolicyForward(nn.Module):

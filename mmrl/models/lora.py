@@ -1,9 +1,9 @@
 """LoRA adapters on a vision-language model, through peft: injection, switching them off, merged weights, export.
 
 The adapters are injected into the Hugging Face model in place (``peft.inject_adapter_in_model``), so the
-module tree keeps its shape: the vision tower and the decoder layers stay where the family adapter finds them
-(:mod:`mmrl.models.families`), and each adapted ``nn.Linear`` becomes a peft ``lora.Linear`` holding the frozen
-layer as ``base_layer`` and the trained ``lora_A`` (r, in) and ``lora_B`` (out, r). Its output is
+module tree keeps its shape: the vision tower and the decoder layers stay where the family's groups declare
+them (:mod:`mmrl.models.families.groups`), and each adapted ``nn.Linear`` becomes a peft ``lora.Linear`` holding
+the frozen layer as ``base_layer`` and the trained ``lora_A`` (r, in) and ``lora_B`` (out, r). Its output is
 ``base(x) + scaling * B(A(dropout(x)))``, ``scaling = alpha / r``.
 
 Three views of one adapted model:

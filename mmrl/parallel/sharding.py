@@ -74,7 +74,8 @@ class Layout:
 
 
 def model_blocks(root: nn.Module) -> tuple[nn.Module, list[nn.Module], list[nn.Module]]:
-    """(the vision tower, its blocks, the LLM's decoder layers) of ``root``: the one place that finds them."""
+    """(the vision tower, its blocks, the LLM's decoder layers) of ``root``, as its family's groups declare them
+    (:mod:`mmrl.models.families.groups`)."""
     family = family_of(root.core.config)
     return (family.vision(root.core), list(family.vision_blocks(root.core)),
             list(family.decoder_layers(root.core)))

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from mmrl.answer_format import format_answer
-from mmrl.controller.dispatch import MEDIA_KEYS
+from mmrl.models.media import MEDIA_KEYS
 from mmrl.protocol import Batch
 
 GUIDED = "guided"

@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mmrl.controller.dispatch import CONTEXT, CONTEXT_KEY, MEDIA_KEYS
+from mmrl.controller.dispatch import CONTEXT, CONTEXT_KEY
 from mmrl.models.encoding import EncodedPrompt
+from mmrl.models.media import MEDIA_KEYS
 from mmrl.protocol import Batch
 from mmrl.rollout.samples import encode_row
 

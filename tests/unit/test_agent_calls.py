@@ -1,4 +1,5 @@
-"""Tool calls parsed from the policy's text: well-formed ones, and each way the model can get one wrong."""
+"""Tool calls parsed from the policy's text (in Qwen's format, every family's today): well-formed ones, and each
+way the model can get one wrong."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from mmrl.agent.builtin import BUILTINS
-from mmrl.agent.calls import CallError, ToolCall, has_calls, parse_calls
+from mmrl.agent.calls import CallError, ToolCall, parse_calls
 from mmrl.agent.schemas import schema_of
+from mmrl.models.tool_calls import QWEN_TOOL_CALLS as QWEN
 
 VALIDATORS = {name: Draft202012Validator(schema_of(fn)["parameters"]) for name, fn in BUILTINS.items()}
 
@@ -19,12 +21,13 @@ def block(body: str) -> str:
 def test_well_formed_calls_in_order() -> None:
     text = ("Let me look closer. " + block('{"name": "zoom_in", "arguments": {"bbox_2d": [10, 20.5, 60, 80]}}')
             + "\n" + block('{"name": "calculator", "arguments": {"expression": "2 + 3"}}') + "<|im_end|>")
-    assert has_calls(text)
-    assert parse_calls(text, VALIDATORS) == [
+    assert QWEN.has_calls(text)
+    assert parse_calls(text, VALIDATORS, QWEN) == [
         ToolCall("zoom_in", {"bbox_2d": [10, 20.5, 60, 80]}),
         ToolCall("calculator", {"expression": "2 + 3"}),
     ]
-    assert not has_calls("<answer>red</answer>") and parse_calls("<answer>red</answer>", VALIDATORS) == []
+    assert not QWEN.has_calls("<answer>red</answer>")
+    assert parse_calls("<answer>red</answer>", VALIDATORS, QWEN) == []
 
 
 # The model's text -> the kind of error and a fragment of the message it reads back.
@@ -53,7 +56,7 @@ MALFORMED = {
 @pytest.mark.parametrize("case", list(MALFORMED))
 def test_a_malformed_call_is_an_error_with_a_short_message(case: str) -> None:
     text, kind, fragment = MALFORMED[case]
-    [error] = parse_calls(text, VALIDATORS)
+    [error] = parse_calls(text, VALIDATORS, QWEN)
     assert isinstance(error, CallError) and error.kind == kind
     assert fragment in error.message and len(error.message) < 300
 
@@ -61,6 +64,6 @@ def test_a_malformed_call_is_an_error_with_a_short_message(case: str) -> None:
 def test_a_bad_call_does_not_hide_the_good_ones_around_it() -> None:
     text = (block('{"name": "crop", "arguments": {"bbox_2d": [0, 0, 5, 5]}}') + block("{oops")
             + block('{"name": "calculator", "arguments": {"expression": "1+1"}}') + "<tool_call>{")
-    found = parse_calls(text, VALIDATORS)
+    found = parse_calls(text, VALIDATORS, QWEN)
     assert [type(f).__name__ for f in found] == ["ToolCall", "CallError", "ToolCall", "CallError"]
     assert [f.kind for f in found if isinstance(f, CallError)] == ["bad_json", "bad_format"]

@@ -15,11 +15,12 @@ import torch
 from PIL import Image
 
 from mmrl.agent.builtin import BUILTINS
-from mmrl.agent.chat import ChatFormat, tools_block
+from mmrl.agent.chat import ChatFormat
 from mmrl.agent.outputs import ToolOutput
 from mmrl.agent.schemas import function_definition, schema_of
 from mmrl.models.encoding import encode_prompt, to_chat_content
 from mmrl.models.loading import load_processor
+from mmrl.models.tool_calls import QWEN_TOOL_CALLS
 
 TOOLS = [function_definition(schema_of(fn)) for fn in BUILTINS.values()]
 ROW = [{"role": "user", "content": "<image>What colour is the circle in cell B2?"}]
@@ -57,15 +58,15 @@ def native(tiny_model_dir: Path):
 
 def test_the_tiny_template_ignores_tools_so_mmrl_writes_qwens_block(processor) -> None:
     chat = ChatFormat(processor)
-    assert not chat.native_tools and not chat.native_tool_role
+    assert not chat.native_tools and not chat.native_tool_role and chat.calls is QWEN_TOOL_CALLS
     messages = chat.with_tools(ROW, TOOLS)
     assert messages[1:] == ROW and messages[0]["role"] == "system"
-    assert messages[0]["content"] == tools_block(TOOLS)
+    assert messages[0]["content"] == QWEN_TOOL_CALLS.tools_block(TOOLS)
     assert '{"type": "function", "function": {"name": "zoom_in"' in messages[0]["content"]
     call_format = '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
     assert call_format in messages[0]["content"]
     own = chat.with_tools([{"role": "system", "content": "Be brief."}, *ROW], TOOLS)
-    assert own[0]["content"] == "Be brief.\n\n" + tools_block(TOOLS) and own[1:] == ROW
+    assert own[0]["content"] == "Be brief.\n\n" + QWEN_TOOL_CALLS.tools_block(TOOLS) and own[1:] == ROW
     assert chat.with_tools(ROW, []) == ROW
 
 

@@ -166,7 +166,7 @@ def test_episode_records_name_malformed_calls_by_their_error_kind():
 
 
 def test_an_agent_run_s_tiny_tokenizer_learns_its_tools_block(tmp_path):
-    from mmrl.agent.chat import tools_block
+    from mmrl.agent.chat import ChatFormat
     from mmrl.agent.executor import ToolExecutor
     from mmrl.agent.table import build_tool_table
     from mmrl.config import load_config
@@ -179,9 +179,11 @@ def test_an_agent_run_s_tiny_tokenizer_learns_its_tools_block(tmp_path):
         cfg = load_config(None, [f"rollout.agent.enabled={str(enabled).lower()}", "tiny_model.hidden_size=32",
                                  "tiny_model.intermediate_size=64", "tiny_model.num_layers=1"])
         path = build_tiny_vlm(task_corpus(cfg), cfg.tiny_model, tmp_path / str(enabled))
+        processor = load_processor(str(path))
         with ToolExecutor(isolation="inline") as executor:
-            block = tools_block(build_tool_table(cfg.rollout.agent.tools, executor).definitions())
-        lengths.append(len(load_processor(str(path)).tokenizer(block)["input_ids"]))
+            tools = build_tool_table(cfg.rollout.agent.tools, executor).definitions()
+        block = ChatFormat(processor).calls.tools_block(tools)  # the family's, as an agent run's prompts hold it
+        lengths.append(len(processor.tokenizer(block)["input_ids"]))
     assert lengths[1] < 0.7 * lengths[0], lengths
 
 

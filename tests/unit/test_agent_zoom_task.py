@@ -1,6 +1,6 @@
 """The zoom task: boards whose answer is the named shape's colour, legibility checks with a quarantine that
-counts every drawn row, demonstrations whose call and zoomed image are the built-in tool's, and the ground-truth
-box that measures whether a call hit the right region."""
+counts every drawn row, demonstrations whose call (in the model family's tool-call format) and zoomed image are
+the built-in tool's, and the ground-truth box that measures whether a call hit the right region."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from mmrl.agent.regions import call_region, region_hit
 from mmrl.agent.schemas import schema_of
 from mmrl.models.encoding import encode_prompt
 from mmrl.models.loading import load_processor
+from mmrl.models.tool_calls import QWEN_TOOL_CALLS, QwenToolCalls
 from mmrl.schema import decode_image, read_parquet, validate_row
 
 SPEC = ZoomTaskSpec()
@@ -125,7 +126,7 @@ def test_a_demonstration_is_the_episode_the_tool_would_give(tiny_model_dir: Path
     validate_row(row)
     extra = json.loads(row["extra"])
     assert [m["role"] for m in row["messages"]] == ["user", "assistant", "tool", "assistant"]
-    [call] = parse_calls(row["messages"][1]["content"], VALIDATORS)
+    [call] = parse_calls(row["messages"][1]["content"], VALIDATORS, SPEC.tool_calls)
     assert call == ToolCall("zoom_in", {"bbox_2d": extra["view_box"]})
     board, zoomed = (decode_image(b) for b in row["images"])
     expected = zoom_in(extra["view_box"], images=[board], model_image_sizes=[(112, 112)],
@@ -143,6 +144,35 @@ def test_a_demonstration_is_the_episode_the_tool_would_give(tiny_model_dir: Path
     chat = ChatFormat(processor)
     encoded = encode_prompt(processor, chat.in_format(row["messages"]), [board, zoomed])
     assert encoded.image_grid_thw.shape[0] == 2
+
+
+class Angled(QwenToolCalls):
+    """Qwen's JSON calls between other delimiters."""
+
+    name = "angled"
+    open, close = "<<call>>", "<</call>>"
+
+
+def test_the_calls_are_written_in_the_spec_s_tool_call_format() -> None:
+    assert SPEC.tool_calls is QWEN_TOOL_CALLS  # every family's today
+    angled = Angled()
+    spec = ZoomTaskSpec(tool_calls=angled)
+    rows, _, _ = generate_zoom_rows(4, seed=5, spec=spec, id_prefix="d", demonstrations=True)
+    qwen_rows, _, _ = generate_zoom_rows(4, seed=5, spec=SPEC, id_prefix="d", demonstrations=True)
+    for row, qwen_row in zip(rows, qwen_rows):
+        extra, qwen_extra = json.loads(row["extra"]), json.loads(qwen_row["extra"])
+        arguments = {"bbox_2d": extra["view_box"]}
+        # The demonstration's call and the guide's, in the spec's format: read there, no call in Qwen's.
+        call = row["messages"][1]["content"]
+        assert call == extra["guide"][0] == angled.format_call("zoom_in", arguments)
+        assert parse_calls(call, VALIDATORS, angled) == [ToolCall("zoom_in", arguments)]
+        assert parse_calls(call, VALIDATORS, QWEN_TOOL_CALLS) == []
+        assert qwen_row["messages"][1]["content"] == qwen_extra["guide"][0] == QWEN_TOOL_CALLS.format_call(
+            "zoom_in", arguments)
+        # Only the calls' text differs: the same boards, questions, zooms and answers.
+        assert {**extra, "guide": None} == {**qwen_extra, "guide": None} and row["images"] == qwen_row["images"]
+        assert [m for i, m in enumerate(row["messages"]) if i != 1] == [
+            m for i, m in enumerate(qwen_row["messages"]) if i != 1]
 
 
 def test_a_spot_holds_the_shapes_at_the_cell_centre_and_the_demonstration_zooms_on_it() -> None:
@@ -231,7 +261,8 @@ def test_random_call_cells_teach_the_format_on_other_cells_with_the_answer_as_co
     boxes = {json.dumps(SPEC.view_box(r, c)): (r, c) for r in range(SPEC.grid) for c in range(SPEC.grid)}
     elsewhere = 0
     for row in rows:
-        extra, call = json.loads(row["extra"]), parse_calls(row["messages"][1]["content"], VALIDATORS)[0]
+        extra = json.loads(row["extra"])
+        call = parse_calls(row["messages"][1]["content"], VALIDATORS, SPEC.tool_calls)[0]
         box = call.arguments["bbox_2d"]
         assert json.dumps(box) in boxes  # a cell's box, in the model's coordinates
         if extra["context_messages"] == [3]:  # a trained call: the answer after it is context

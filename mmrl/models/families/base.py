@@ -1,10 +1,18 @@
-"""What one model family supplies: :class:`Family`, the hooks the library calls instead of knowing a family.
+"""What one model family supplies: :class:`Family`, the declarations and hooks the library reads instead of
+knowing a family.
 
-A family is one transformers ``*ForConditionalGeneration`` class and its processor. The library holds only
-its own forms and asks the family to translate:
+A family is one transformers ``*ForConditionalGeneration`` class and its processor. It declares, in its class:
 
-- **modules**: the vision tower, its blocks, the decoder layers (layouts, freezing, checkpointing);
-- **encoding**: the processor's output -> an :class:`~mmrl.models.encoding.EncodedPrompt` (pixels as the
+- **groups**: :attr:`Family.groups`, the named parts of its model (vision tower, its blocks, projector,
+  language model, its decoder layers, head; :mod:`mmrl.models.families.groups`), which layouts, freezing,
+  activation checkpointing and LoRA read through :meth:`Family.vision`, :meth:`Family.vision_blocks` and
+  :meth:`Family.decoder_layers`;
+- **tool calls**: :attr:`Family.tool_calls`, how its policy writes a tool call and how the tools and their
+  outputs are put to it (:mod:`mmrl.models.tool_calls`);
+
+and the library holds only its own forms and asks the family to translate:
+
+- **encoding**: the processor's output -> an :class:`~mmrl.models.prompt.EncodedPrompt` (pixels as the
   family's tower takes them, a (t, h, w) grid per image / video), the vision tokens a policy must not emit;
 - **positions**: (A, B, L) position ids, A = :attr:`Family.position_axes` (3 for Qwen's mrope, 1 for plain
   1-D positions), and their form for the model (:meth:`Family.model_positions`);
@@ -13,7 +21,8 @@ its own forms and asks the family to translate:
 - **engines**: the media an engine takes, the weight names it wants.
 
 The defaults here are the plain ones (1-D positions, names as Hugging Face has them); a family overrides
-what differs.
+what differs. A family imports the media forms (:mod:`mmrl.models.media`), never the encoding path that
+dispatches over the families (:mod:`mmrl.models.encoding`).
 """
 
 from __future__ import annotations
@@ -24,35 +33,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from mmrl.models.media import frames_array, video_metadata
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
     from mmrl.config import TinyModelConfig
-    from mmrl.models.encoding import EncodedPrompt
+    from mmrl.models.families.groups import ModelGroups
+    from mmrl.models.prompt import EncodedPrompt
+    from mmrl.models.tool_calls import ToolCallFormat
     from mmrl.schema import Video
-
-# Media kinds, each with its pixels field and its grids field of an EncodedPrompt / a collated batch.
-MEDIA_KINDS = (("image", "pixel_values", "image_grid_thw"), ("video", "pixel_values_videos", "video_grid_thw"))
-
-
-def shared_keys(kind: str) -> tuple[str, str]:
-    """The keys ``collate(share_media=True)`` adds for ``kind``: distinct grids (N, 3), item -> distinct (M,)."""
-    return f"{kind}_grid_thw_distinct", f"{kind}_distinct_index"
-
-
-def present_media(inputs: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-    """(kind, pixels, grids of the pixels' items, item -> pixel item index or None) for each kind in ``inputs``.
-
-    With shared media (``collate(share_media=True)``) the pixels hold each distinct item once and the index
-    says which distinct item each of the batch's items is; otherwise the index is None.
-    """
-    out = []
-    for kind, pixels_key, grid_key in MEDIA_KINDS:
-        if inputs.get(pixels_key) is None:
-            continue
-        distinct, index = shared_keys(kind)
-        out.append((kind, inputs[pixels_key], inputs.get(distinct, inputs[grid_key]), inputs.get(index)))
-    return out
 
 
 def plain_positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -78,6 +68,11 @@ class Family:
     qwen-vl-utils' rules, for the families Qwen's tools and vLLM's processors serve that way."""
     engine_media_kinds: tuple[str, ...] = ("image",)
     """The media kinds vLLM's implementation of the family takes."""
+    groups: ModelGroups
+    """The named parts of the family's model (:mod:`mmrl.models.families.groups`); every family declares them."""
+    tool_calls: ToolCallFormat
+    """How the family's policy writes tool calls and reads the tools' list and outputs
+    (:mod:`mmrl.models.tool_calls`); every family declares one."""
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
@@ -93,15 +88,15 @@ class Family:
 
     def vision(self, core: nn.Module) -> nn.Module:
         """The vision tower of ``core`` (the model without its LM head): the part ``*.vision`` configures."""
-        raise NotImplementedError
+        return self.groups.vision_module(core)
 
     def vision_blocks(self, core: nn.Module) -> Sequence[nn.Module]:
         """The tower's repeated blocks (one FSDP unit / checkpointed region each)."""
-        raise NotImplementedError
+        return self.groups.vision_block_modules(core)
 
     def decoder_layers(self, core: nn.Module) -> Sequence[nn.Module]:
         """The language model's decoder layers (one FSDP unit / checkpointed region each)."""
-        raise NotImplementedError
+        return self.groups.decoder_layer_modules(core)
 
     def text_hidden_size(self, core: nn.Module) -> int:
         """Width of the language model's hidden states (a value head's input)."""
@@ -161,8 +156,6 @@ class Family:
 
     def engine_media(self, prompt: EncodedPrompt) -> dict[str, list[Any]]:
         """vLLM's ``multi_modal_data`` for ``prompt``: its source images and videos (frames + metadata)."""
-        from mmrl.models.encoding import frames_array, video_metadata
-
         media: dict[str, list[Any]] = {}
         if prompt.source_images:
             media["image"] = list(prompt.source_images)

@@ -32,8 +32,11 @@ from transformers import (
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from mmrl.config import TinyModelConfig
-from mmrl.models.families.base import Family, present_media
-from mmrl.models.tiny import train_tokenizer
+from mmrl.models.families.base import Family
+from mmrl.models.families.groups import ModelGroups
+from mmrl.models.media import frames_array, present_media, video_metadata
+from mmrl.models.tokenizer import train_tokenizer
+from mmrl.models.tool_calls import QWEN_TOOL_CALLS
 
 SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -102,6 +105,12 @@ class Qwen2VL(Family):
     engine_media_kinds = ("image", "video")
     media_sizing = "qwen"  # and the subclasses, Qwen2.5-VL and Qwen3-VL
     default_patch_size = 14
+    # Also Qwen2.5-VL's and Qwen3-VL's: the merger (and Qwen3-VL's deepstack mergers) sit inside the tower.
+    groups = ModelGroups(vision="visual", vision_blocks="visual.blocks", projector="visual.merger",
+                         llm="language_model", decoder_layers="language_model.layers")
+    # Qwen's own format, which the Qwen templates with tool support write (Qwen2-VL's and Qwen2.5-VL's published
+    # templates have none: mmrl writes the same text for them, mmrl.agent.chat).
+    tool_calls = QWEN_TOOL_CALLS
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
@@ -138,22 +147,9 @@ class Qwen2VL(Family):
         torch.manual_seed(seed)
         return self.model_class()(self.build_config(tokenizer, spec)), processor
 
-    # ---- modules -------------------------------------------------------------------------------
-
-    def vision(self, core: nn.Module) -> nn.Module:
-        return core.visual
-
-    def vision_blocks(self, core: nn.Module) -> Sequence[nn.Module]:
-        return core.visual.blocks
-
-    def decoder_layers(self, core: nn.Module) -> Sequence[nn.Module]:
-        return core.language_model.layers
-
     # ---- encoding ------------------------------------------------------------------------------
 
     def encode(self, processor: Any, text: str, images: Sequence[Any], videos: Sequence[Any]) -> dict[str, Any]:
-        from mmrl.models.encoding import frames_array, video_metadata
-
         video_kwargs: dict[str, Any] = {}
         if videos:
             # Frames were sampled and sized by data prep: the processor must neither resample nor re-budget them.

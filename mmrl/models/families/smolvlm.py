@@ -39,8 +39,11 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.models.smolvlm.processing_smolvlm import DEFAULT_CHAT_TEMPLATE
 
 from mmrl.config import TinyModelConfig
-from mmrl.models.families.base import Family, present_media
-from mmrl.models.tiny import train_tokenizer
+from mmrl.models.families.base import Family
+from mmrl.models.families.groups import ModelGroups
+from mmrl.models.media import frames_array, present_media, video_metadata
+from mmrl.models.tokenizer import train_tokenizer
+from mmrl.models.tool_calls import QWEN_TOOL_CALLS
 
 PAD, BOS, EOS = "<|endoftext|>", "<|im_start|>", "<end_of_utterance>"
 FAKE, GLOBAL, IMAGE, VIDEO = "<fake_token_around_image>", "<global-img>", "<image>", "<video>"
@@ -56,6 +59,13 @@ class SmolVLM(Family):
     takes_video = True
     engine_media_kinds = ("image",)
     default_patch_size = 14
+    # The connector sits beside the tower, so it is laid out and trained with the language model.
+    groups = ModelGroups(vision="vision_model", vision_blocks="vision_model.encoder.layers", projector="connector",
+                         llm="text_model", decoder_layers="text_model.layers")
+    # SmolVLM has no tool-call format of its own: its chat template ignores ``tools=`` and has no ``tool`` role.
+    # It takes Qwen's, named here rather than inherited: the ``<tool_call>`` JSON blocks that SmolLM3, the same
+    # team's later text model, also writes (vLLM parses both with its hermes parser).
+    tool_calls = QWEN_TOOL_CALLS
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
@@ -86,17 +96,6 @@ class SmolVLM(Family):
         torch.manual_seed(seed)
         return SmolVLMForConditionalGeneration(config), processor
 
-    # ---- modules -------------------------------------------------------------------------------
-
-    def vision(self, core: nn.Module) -> nn.Module:
-        return core.vision_model
-
-    def vision_blocks(self, core: nn.Module) -> Sequence[nn.Module]:
-        return core.vision_model.encoder.layers
-
-    def decoder_layers(self, core: nn.Module) -> Sequence[nn.Module]:
-        return core.text_model.layers
-
     # ---- encoding ------------------------------------------------------------------------------
 
     def chat_text(self, processor: Any, conversation: list[dict[str, Any]]) -> str:
@@ -105,8 +104,6 @@ class SmolVLM(Family):
                                              processor_kwargs={"num_frames": processor.video_processor.num_frames})
 
     def encode(self, processor: Any, text: str, images: Sequence[Any], videos: Sequence[Any]) -> dict[str, Any]:
-        from mmrl.models.encoding import frames_array, video_metadata
-
         if images and videos:
             raise ValueError("a SmolVLM prompt holds images or one video, not both (the processor's pixels collide)")
         if len(videos) > 1:
