@@ -5,11 +5,13 @@ it extends), then ``section.key=value`` overrides from the command line. Every k
 anything starts: an unknown key or a value of the wrong type fails with a :class:`ConfigError` that
 names the key and what is allowed.
 
-This module is the bottom of the library: it imports nothing from it. It holds the dataclasses, the loader,
-the bounds and the checks that need no table (:meth:`Config.validate`, which never writes), and
-:func:`resolve`, which fills the derived values into a new Config. The checks against the tables of
-algorithms, losses and engines run one layer up, in :mod:`mmrl.run_config`, whose ``load_run_config`` is
-what a run loads its config with::
+This module sits near the bottom of the library. It holds the dataclasses, the loader, the checks that need no
+table (:meth:`Config.validate`, which never writes), and :func:`resolve`, which fills the derived values into a
+new Config. Of the library it imports only the field helpers (:mod:`mmrl.config_fields`) and the two tables whose
+entries declare their own sections: the losses (``actor.loss.<name>``, :data:`mmrl.algos.losses.LOSSES`) and the
+algorithms (``algorithm.<name>``, :data:`mmrl.algos.table.ALGORITHMS`); neither imports this module. The checks
+against the tables of algorithms, losses and engines run one layer up, in :mod:`mmrl.run_config`, whose
+``load_run_config`` is what a run loads its config with::
 
     cfg = load_run_config("configs/grpo_image.yaml", ["rollout.n=8", "actor.lr=1e-4"])
 """
@@ -29,47 +31,37 @@ from typing import Any, Literal
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A config key or value that cannot be used; the message names the key and the fix."""
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """The allowed range of a numeric field; ``None`` leaves that side open."""
-
-    gt: float | None = None
-    ge: float | None = None
-    le: float | None = None
-
-    def violation(self, value: float) -> str | None:
-        """What is wrong with ``value`` (NaN and inf included), or None when it is allowed."""
-        if isinstance(value, float) and not math.isfinite(value):
-            return "must be a finite number"
-        if self.gt is not None and not value > self.gt:
-            return f"must be > {self.gt:g}"
-        if self.ge is not None and not value >= self.ge:
-            return f"must be >= {self.ge:g}"
-        if self.le is not None and not value <= self.le:
-            return f"must be <= {self.le:g}"
-        return None
-
-
-def num(default: float, *, gt: float | None = None, ge: float | None = None, le: float | None = None) -> Any:
-    """A numeric config field with its allowed range, checked at load time."""
-    return field(default=default, metadata={"bounds": Bounds(gt=gt, ge=ge, le=le)})
-
-
-def auto_size() -> Any:
-    """A micro-batch size (rows or tokens): >= 0, where 0, also spelt ``auto``, leaves it to the worker, which
-    sizes a token budget from its model and memory (:mod:`mmrl.budget`)."""
-    return field(default=0, metadata={"bounds": Bounds(ge=0), "auto": True})
-
+from mmrl.algos.losses import LOSSES
+from mmrl.algos.table import ALGORITHMS
+from mmrl.config_fields import ConfigError, auto_size, gather_sections, num
 
 # Keys that were renamed: the old spelling gets an error that names the new one.
 RENAMED = {
     "algorithm.adv_estimator": "algorithm.name (and adv_estimator=gae is now name=ppo)",
     "reward.type": "reward.function (rules), reward.model.path (a reward model) and reward.judge.path (a judge)",
+    # The keys of one loss or one algorithm moved into its own section.
+    "actor.policy_loss": "actor.loss.policy",
+    "actor.clip_ratio_c": "actor.loss.dual_clip.clip_ratio_c",
+    "actor.positive_lm_coef": "actor.loss.positive_lm.coef",
+    "actor.sppo_eta": "actor.loss.sppo.eta",
+    "actor.cispo_clip_low": "actor.loss.cispo.clip_low",
+    "actor.cispo_clip_high": "actor.loss.cispo.clip_high",
+    "actor.sapo_tau_pos": "actor.loss.sapo.tau_pos",
+    "actor.sapo_tau_neg": "actor.loss.sapo.tau_neg",
+    "actor.gmpo_clip_low": "actor.loss.gmpo.clip_low",
+    "actor.gmpo_clip_high": "actor.loss.gmpo.clip_high",
+    "actor.clip_cov_ratio": "actor.loss.clip_cov.ratio",
+    "actor.clip_cov_lb": "actor.loss.clip_cov.lb",
+    "actor.clip_cov_ub": "actor.loss.clip_cov.ub",
+    "actor.kl_cov_ratio": "actor.loss.kl_cov.ratio",
+    "actor.kl_cov_coef": "actor.loss.kl_cov.coef",
+    "actor.dppo_tv_delta": "actor.loss.dppo_tv.delta",
+    "actor.dppo_kl_delta": "actor.loss.dppo_kl.delta",
+    "algorithm.pass_k": "algorithm.grpo_pass_k.k",
+    "algorithm.filter_mode": "algorithm.pf_ppo.filter_mode",
+    "algorithm.filter_k": "algorithm.pf_ppo.filter_k",
+    "algorithm.lam_critic": "algorithm.vapo.lam_critic",
+    "algorithm.lam_alpha": "algorithm.vapo.lam_alpha",
 }
 
 
@@ -387,9 +379,23 @@ class LoRAConfig:
 
 
 @dataclass(kw_only=True)
+class LossKeys:
+    """The policy loss by name, and each loss's own keys: the section ``actor.loss.<name>`` of each loss of the
+    table (``mmrl.algos.losses.LOSSES``) that has some. A key of a loss the run does not read is refused
+    (algorithms.md#policy-losses)."""
+
+    policy: str = ""
+    """Policy loss by name (a policy loss of ``mmrl.algos.losses.LOSSES``); empty: the algorithm's own."""
+
+
+LossConfig = gather_sections("LossConfig", {name: spec.section for name, spec in LOSSES.items()}, LossKeys,
+                             __name__)
+
+
+@dataclass(kw_only=True)
 class ActorConfig(UpdateConfig):
-    policy_loss: str = ""
-    """Policy loss by name (see ``mmrl.algos.losses.POLICY_LOSSES``); empty: the algorithm's own."""
+    loss: LossConfig = field(default_factory=LossConfig)
+    """The actor's loss."""
     clip_ratio_low: float = num(0.2, gt=0, le=1)
     clip_ratio_high: float = num(0.2, gt=0, le=1)
     """PPO clip range [1 - low, 1 + high]; DAPO's clip-higher raises ``high``."""
@@ -399,35 +405,6 @@ class ActorConfig(UpdateConfig):
     """Add a KL(policy || reference) penalty to the loss (needs the reference policy)."""
     kl_loss_coef: float = num(0.001, ge=0)
     kl_estimator: Literal["k1", "k2", "k3", "low_var_kl", "abs"] = "k3"
-    clip_ratio_c: float = num(3.0, gt=1)
-    """Dual-clip PPO (policy_loss=dual_clip): the bound on the loss of negative-advantage tokens, ``-A * c``."""
-    positive_lm_coef: float = num(0.0, ge=0)
-    """VAPO's positive-example LM loss: weight of the NLL of the verified-correct samples' tokens, summed and
-    divided by the policy loss's denominator (0: off)."""
-    sppo_eta: float = num(1.0, gt=0)
-    """SPPO: the scale of the target ``eta * (win rate - 1/2)`` the sequence log-ratio is pushed to."""
-    cispo_clip_low: float = num(1.0, ge=0, le=1)
-    cispo_clip_high: float = num(4.0, gt=0)
-    """CISPO (``policy_loss=cispo``): its importance weight is clipped to [1 - low, 1 + high] (the defaults: no
-    lower bound, at most 5, as ScaleRL ran it)."""
-    sapo_tau_pos: float = num(1.0, gt=0)
-    sapo_tau_neg: float = num(1.05, gt=0)
-    """SAPO (``policy_loss=sapo``): the gate's temperatures for positive and negative advantages (the paper's)."""
-    gmpo_clip_low: float = num(0.4, gt=0)
-    gmpo_clip_high: float = num(0.4, gt=0)
-    """GMPO (``policy_loss=gmpo``): the token log-ratios are clipped to [-low, high] (the paper's e^+-0.4)."""
-    clip_cov_ratio: float = num(2e-4, gt=0, le=1)
-    clip_cov_lb: float = num(1.0, ge=0)
-    clip_cov_ub: float = num(5.0, gt=0)
-    """Clip-Cov (``policy_loss=clip_cov``): the share of tokens detached, among those whose covariance lies in
-    [lb, ub] (the paper's)."""
-    kl_cov_ratio: float = num(2e-3, gt=0, le=1)
-    kl_cov_coef: float = num(1.0, ge=0)
-    """KL-Cov (``policy_loss=kl_cov``): the share of tokens penalised, and the weight of their |log-ratio|."""
-    dppo_tv_delta: float = num(0.2, gt=0, le=1)
-    """DPPO-TV (``policy_loss=dppo_tv``): the trust region on |p - p_old| of the sampled token."""
-    dppo_kl_delta: float = num(0.05, gt=0)
-    """DPPO-KL (``policy_loss=dppo_kl``): the trust region on the binary KL of the sampled token's probability."""
     share_prompt: bool = True
     """Score the samples of a prompt in one packed sequence that holds the prompt once (its media and its
     tokens run once, not n times; :mod:`mmrl.models.packing`). Needs sdpa or eager attention: with
@@ -466,10 +443,14 @@ class CriticConfig(UpdateConfig):
 
 
 @dataclass(kw_only=True)
-class AlgorithmConfig:
+class AlgorithmKeys:
+    """The algorithm by name, the keys several algorithms share, and each algorithm's own keys: the section
+    ``algorithm.<name>`` of each algorithm of the table (``mmrl.algos.ALGORITHMS``) that has some. A key of an
+    algorithm the run does not use is refused (algorithms.md#the-algorithm-object)."""
+
     name: str = "grpo"
-    """The RL algorithm by name (see ``mmrl.algos.ALGORITHMS``): grpo, dr_grpo, rloo, ppo, reinforce_plus_plus,
-    reinforce_plus_plus_baseline, remax, dapo, gspo, vapo, pf_ppo, sppo, grpo_pass_k (GRPO for pass@k), opo."""
+    """The RL algorithm by name: a name of ``mmrl.algos.ALGORITHMS`` (grpo, ppo, dapo, ...; algorithms.md lists
+    them)."""
     norm_adv_by_std: bool = True
     """GRPO: divide by the group's standard deviation (False gives Dr. GRPO's estimator)."""
     epsilon: float = num(1e-6, gt=0)
@@ -490,20 +471,14 @@ class AlgorithmConfig:
     kl_target: float = num(0.1, gt=0)
     kl_horizon: int = num(10000, ge=1)
     max_gen_rounds: int = num(4, ge=1)
-    """Dynamic sampling (dapo): generation rounds a step may take to fill its batch with groups whose rewards
-    differ; past it the step fails with an error that says what to change."""
+    """Dynamic sampling (dapo, vapo): generation rounds a step may take to fill its batch with groups whose
+    rewards differ; past it the step fails with an error that says what to change."""
     critic_warmup_steps: int = num(0, ge=0)
-    """Value pre-training (vapo): the first steps train the critic only, the actor waits."""
-    lam_critic: float = num(1.0, ge=0, le=1)
-    """vapo: GAE lambda of the critic's targets (decoupled from the actor's)."""
-    lam_alpha: float = num(0.05, gt=0)
-    """vapo: the actor's length-adaptive lambda, ``1 - 1 / (lam_alpha * response length)``."""
-    filter_mode: Literal["best_k", "best_and_worst", "random"] = "best_k"
-    """pf_ppo: which responses of each group the update keeps."""
-    pass_k: int = num(4, ge=1)
-    """grpo_pass_k: the k of pass@k the advantage optimises (at most rollout.n)."""
-    filter_k: int = num(4, ge=1)
-    """pf_ppo: responses kept per group (best_k, random)."""
+    """Value pre-training (ppo, vapo, pf_ppo): the first steps train the critic only, the actor waits."""
+
+
+AlgorithmConfig = gather_sections("AlgorithmConfig", {name: cls.section for name, cls in ALGORITHMS.items()},
+                                  AlgorithmKeys, __name__)
 
 
 @dataclass(kw_only=True)
@@ -737,7 +712,7 @@ class Config:
     bar: BarConfig = field(default_factory=BarConfig)
 
     given_keys: frozenset[str] = field(default=frozenset(), repr=False, compare=False, metadata={"key": False})
-    """Not a config key: the dotted keys the YAML chain and the overrides set (``"algorithm.filter_k"``;
+    """Not a config key: the dotted keys the YAML chain and the overrides set (``"algorithm.pf_ppo.filter_k"``;
     a mapping-valued key such as ``data.tasks`` as a whole), recorded by :func:`load_config`, so that a check
     can tell a key the user set from a default. Empty for a config built in code."""
 
@@ -763,9 +738,6 @@ class Config:
                     f"lower {section}.num_mini_batches"
                 )
         _check_lora(self)
-        if self.actor.clip_cov_lb >= self.actor.clip_cov_ub:
-            raise ConfigError(f"actor.clip_cov_lb={self.actor.clip_cov_lb} must be below actor.clip_cov_ub="
-                              f"{self.actor.clip_cov_ub}")
         if self.actor.old_log_probs == "rollout" and (self.rollout.top_p < 1 or self.rollout.top_k > 0):
             raise ConfigError("actor.old_log_probs=rollout needs rollout.top_p=1 and rollout.top_k=0: with a "
                               "truncated distribution the engine's log-probs are not the policy's")

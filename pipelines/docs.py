@@ -1,7 +1,8 @@
 """Stage ``make docs``: the config reference, docs/config.md, generated from the config dataclasses.
 
 Every key of :class:`mmrl.config.Config` gets one row: its dotted name, its type, its default, its bounds and
-its doc. The doc of a field is the string literal right after it in its class body (read from the source with
+its doc; the sections mmrl.config gathers from the tables (``actor.loss.<name>``, ``algorithm.<name>``) are
+dataclasses like the others. The doc of a field is the string literal right after it in its class body (read from the source with
 ``ast``, from the class itself or the nearest base class that declares it); the bounds are the field's
 ``metadata["bounds"]``. A field whose metadata says ``"key": False`` is no config key and is left out. There
 is one table per section: a dataclass under ``Config`` (``actor``), or one under a section (``actor.lora``).
@@ -30,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from mmrl.config import Bounds, Config
+from mmrl.config import Config
+from mmrl.config_fields import Bounds
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "docs" / "config.md"
@@ -38,8 +40,9 @@ OUTPUT = ROOT / "docs" / "config.md"
 HEADER = """\
 # Config reference
 
-Generated from the dataclasses in `mmrl/config.py` by `make docs` (`python -m pipelines.docs`). Do not edit
-this file by hand: change the field or its docstring, then run `make docs`. `make test` fails when this file
+Generated from the dataclasses in `mmrl/config.py` (and the sections it gathers from the loss and algorithm
+tables, each declared in its loss's or algorithm's module) by `make docs` (`python -m pipelines.docs`). Do not
+edit this file by hand: change the field or its docstring, then run `make docs`. `make test` fails when this file
 is out of date (`tests/unit/test_docs.py`).
 
 A key is set in three layers, each over the one before: the default below, a YAML file under `configs/`

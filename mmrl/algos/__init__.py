@@ -1,10 +1,10 @@
-"""RL algorithms as objects, and the policy losses they name.
+"""RL algorithms as objects, the losses they name, and the helpers that read both tables.
 
-``ALGORITHMS`` maps ``algorithm.name`` to an :class:`~mmrl.algos.base.Algorithm` subclass; the driver and the
-config checks read only its declarations (critic, group size, policy loss, extra losses, the fields its losses
-read, the config keys it owns) and call its hooks (collection, extra rollouts, whether the actor trains this
-step, advantages). To add an algorithm, write one module here with a subclass and add one entry to the
-table, e.g.::
+``ALGORITHMS`` (:mod:`mmrl.algos.table`) maps ``algorithm.name`` to an :class:`~mmrl.algos.base.Algorithm`
+subclass; the driver and the config checks read only its declarations (critic, group size, policy loss, extra
+losses, the fields its losses read, the common keys it reads, its own config section, its own config check) and
+call its hooks (collection, extra rollouts, whether the actor trains this step, advantages). To add an
+algorithm, write one module here with a subclass and add one line to the table, e.g.::
 
     # mmrl/algos/mean_baseline.py: the group's mean as the baseline, no std
     from mmrl.algos.base import OutcomeAlgorithm
@@ -17,52 +17,27 @@ table, e.g.::
             _, mean, _ = group_stats(scores, uids)
             return scores - mean
 
-    # here
+    # mmrl/algos/table.py
     ALGORITHMS = {..., "mean_baseline": MeanBaseline}
 
-A new policy loss is one function in :mod:`mmrl.algos.losses` plus one entry in ``POLICY_LOSSES``; a loss an
-algorithm adds to it is one entry in ``EXTRA_LOSSES`` and one in the algorithm's ``extra_losses``.
+An algorithm's own keys are a dataclass it names as its ``section`` (``algorithm.<name>.<key>``: see
+:mod:`mmrl.algos.pass_at_k`). A loss is one module of :mod:`mmrl.algos.losses` plus one line in its ``LOSSES``; an
+extra loss an algorithm adds is named in the algorithm's ``extra_losses``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mmrl.algos.actor_loss import ActorLoss
 from mmrl.algos.base import Algorithm, OutcomeAlgorithm, RolloutContext
-from mmrl.algos.dapo import DAPO
-from mmrl.algos.dr_grpo import DrGRPO
-from mmrl.algos.grpo import GRPO
-from mmrl.algos.gspo import GSPO
-from mmrl.algos.losses import POLICY_LOSSES, PolicyLoss
-from mmrl.algos.opo import OPO
-from mmrl.algos.pass_at_k import PassAtK
-from mmrl.algos.pf_ppo import PFPPO
-from mmrl.algos.ppo import PPO
-from mmrl.algos.reinforce_pp import ReinforcePP, ReinforcePPBaseline
-from mmrl.algos.remax import ReMax
-from mmrl.algos.rloo import RLOO
-from mmrl.algos.sppo import SPPO
-from mmrl.algos.vapo import VAPO
-from mmrl.config import Config
+from mmrl.algos.losses import LOSSES, LossSpec
+from mmrl.algos.table import ALGORITHMS
 
-ALGORITHMS: dict[str, type[Algorithm]] = {
-    "grpo": GRPO,
-    "dr_grpo": DrGRPO,
-    "rloo": RLOO,
-    "ppo": PPO,
-    "reinforce_plus_plus": ReinforcePP,
-    "reinforce_plus_plus_baseline": ReinforcePPBaseline,
-    "remax": ReMax,
-    "dapo": DAPO,
-    "gspo": GSPO,
-    "vapo": VAPO,
-    "pf_ppo": PFPPO,
-    "sppo": SPPO,
-    "grpo_pass_k": PassAtK,
-    "opo": OPO,
-}
+if TYPE_CHECKING:
+    from mmrl.config import Config
 
 
 def build_algorithm(cfg: Config) -> Algorithm:
@@ -76,14 +51,15 @@ def needs_reference(cfg: Config) -> bool:
 
 
 def policy_loss(cfg: Config) -> ActorLoss:
-    """The terms of the actor's loss from the loss tables: the policy loss (``actor.policy_loss`` when set, else
-    the algorithm's own) and the algorithm's extra losses with their coefficients (those at 0 left out).
+    """The terms of the actor's loss from the loss table: the policy loss (``actor.loss.policy`` when set, else
+    the algorithm's own) and the algorithm's extra losses with their coefficients (``actor.loss.<name>.coef``;
+    those at 0 left out).
 
     Raises ValueError when a term reads a batch field the algorithm does not give (:func:`check_loss_fields`).
     """
     algorithm = ALGORITHMS[cfg.algorithm.name]
-    coefficients = ((name, float(_value(cfg, key))) for name, key in algorithm.extra_losses.items())
-    loss = ActorLoss(cfg.actor.policy_loss or algorithm.policy_loss, tuple((n, c) for n, c in coefficients if c))
+    coefficients = ((name, float(getattr(cfg.actor.loss, name).coef)) for name in algorithm.extra_losses)
+    loss = ActorLoss(cfg.actor.loss.policy or algorithm.policy_loss, tuple((n, c) for n, c in coefficients if c))
     check_loss_fields(cfg.algorithm.name, loss)
     return loss
 
@@ -96,16 +72,23 @@ def check_loss_fields(algorithm_name: str, loss: ActorLoss) -> None:
     if missing:
         givers = sorted(name for name, cls in ALGORITHMS.items() if set(missing) <= set(cls.loss_fields))
         raise ValueError(
-            f"actor.policy_loss={loss.policy} reads {', '.join(missing)}, which algorithm.name={algorithm_name} "
+            f"actor.loss.policy={loss.policy} reads {', '.join(missing)}, which algorithm.name={algorithm_name} "
             f"does not compute; use algorithm.name={' or '.join(givers) or '(none computes it)'}, or another "
-            "actor.policy_loss")
+            "actor.loss.policy")
+
+
+def section_keys(name: str) -> tuple[str, ...]:
+    """The dotted keys of the algorithm ``name``'s own section, ``algorithm.<name>.<key>`` (none without one)."""
+    section = ALGORITHMS[name].section
+    return tuple(f"algorithm.{name}.{f.name}" for f in dataclasses.fields(section)) if section else ()
 
 
 def key_owners() -> dict[str, list[str]]:
-    """Each config key that some algorithms own (:meth:`Algorithm.owned_keys`) -> their names, in table order."""
+    """Each config key that some algorithms own -> their names, in table order: the common keys each reads and
+    its extra losses' keys (:meth:`Algorithm.owned_keys`), and its own section's keys (:func:`section_keys`)."""
     owners: dict[str, list[str]] = {}
     for name, cls in ALGORITHMS.items():
-        for key in cls.owned_keys():
+        for key in (*cls.owned_keys(), *section_keys(name)):
             owners.setdefault(key, []).append(name)
     return owners
 
@@ -127,14 +110,6 @@ def critic_algorithms() -> list[str]:
     return [name for name, cls in ALGORITHMS.items() if cls.needs_critic]
 
 
-def _value(cfg: Config, dotted: str) -> Any:
-    """The config value at a dotted key, e.g. ``actor.positive_lm_coef``."""
-    value: Any = cfg
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value
-
-
-__all__ = ["ALGORITHMS", "POLICY_LOSSES", "ActorLoss", "Algorithm", "OutcomeAlgorithm", "PolicyLoss",
-           "RolloutContext", "build_algorithm", "check_key_ownership", "check_loss_fields", "critic_algorithms",
-           "key_owners", "needs_reference", "policy_loss"]
+__all__ = ["ALGORITHMS", "LOSSES", "ActorLoss", "Algorithm", "LossSpec", "OutcomeAlgorithm", "RolloutContext",
+           "build_algorithm", "check_key_ownership", "check_loss_fields", "critic_algorithms", "key_owners",
+           "needs_reference", "policy_loss", "section_keys"]

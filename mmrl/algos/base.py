@@ -17,16 +17,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from mmrl import trajectory
-from mmrl.config import AlgorithmConfig
+from mmrl.algos.losses import LOSSES
 from mmrl.protocol import Batch
 
 if TYPE_CHECKING:
-    from mmrl.rollout.base import SamplingParams
+    # mmrl.rollout.base.SamplingParams, not imported even for typing: mmrl.config gathers the algorithms' sections
+    # from this package (mmrl.algos.table), and the rollout layer imports the config.
+    SamplingParams = Any
 
 
 @dataclass(frozen=True)
@@ -58,19 +60,27 @@ class Algorithm:
     min_group_size: ClassVar[int] = 1
     """The smallest ``rollout.n`` it works with (group baselines compare the responses of one prompt)."""
     policy_loss: ClassVar[str] = "ppo_clip"
-    """The default policy loss, a key of :data:`mmrl.algos.losses.POLICY_LOSSES` (``actor.policy_loss`` overrides it)."""
-    extra_losses: ClassVar[dict[str, str]] = {}
-    """The losses the actor's update adds to the policy loss: a key of :data:`mmrl.algos.losses.EXTRA_LOSSES` ->
-    the dotted config key of its coefficient (0 leaves it out)."""
+    """The default policy loss, a policy loss of :data:`mmrl.algos.losses.LOSSES` (``actor.loss.policy``
+    overrides it)."""
+    extra_losses: ClassVar[tuple[str, ...]] = ()
+    """The losses the actor's update adds to the policy loss: extra losses of :data:`mmrl.algos.losses.LOSSES`,
+    each weighted by its section's coefficient ``actor.loss.<name>.coef`` (0 leaves it out)."""
     loss_fields: ClassVar[tuple[str, ...]] = ()
-    """The per-sample batch fields the actor's update gets beyond the common ones (prompt, responses,
-    response_mask, advantages, old and reference log-probs): what its losses read (:data:`mmrl.algos.losses.
-    LOSS_FIELDS`). The ``update_actor`` dispatch ships them."""
+    """The per-sample batch fields it computes for its losses, beyond the common ones (prompt, responses,
+    response_mask, advantages, old and reference log-probs): what they read (each loss spec's ``fields``). The
+    ``update_actor`` dispatch ships them."""
     config_keys: ClassVar[tuple[str, ...]] = ()
-    """The dotted config keys this class reads; with its bases' and its extra losses' coefficients they are the
-    keys it owns (:meth:`owned_keys`). A key some algorithm owns is refused under the others."""
+    """The dotted keys of the common ``algorithm`` section this class reads (keys several algorithms share, such
+    as ``algorithm.gamma``); with its bases' and its extra losses' keys they are the keys it owns
+    (:meth:`owned_keys`). A key some algorithm owns is refused under the others."""
+    section: ClassVar[type | None] = None
+    """Its own keys, the ones no other algorithm reads: a dataclass of bounded fields, one docstring each, which
+    :mod:`mmrl.config` gathers from :data:`mmrl.algos.ALGORITHMS` as ``algorithm.<its name>``. None: it has none.
+    The section is refused under another algorithm."""
 
-    def __init__(self, cfg: AlgorithmConfig) -> None:
+    def __init__(self, cfg: Any) -> None:
+        """``cfg``: the run's ``algorithm`` section (:class:`mmrl.config.AlgorithmConfig`): the common keys, and
+        each algorithm's own section as ``cfg.<its name>``."""
         self.cfg = cfg
 
     def compute_advantages(self, batch: Batch) -> Batch:
@@ -84,9 +94,18 @@ class Algorithm:
 
     @classmethod
     def owned_keys(cls) -> tuple[str, ...]:
-        """The config keys of this class and of every base along its MRO, and its extra losses' coefficients."""
+        """The common keys of this class and of every base along its MRO, and its extra losses' section keys
+        (its own section's keys are ``algorithm.<its name>.*``: :func:`mmrl.algos.key_owners`)."""
         keys = [key for klass in reversed(cls.__mro__) for key in vars(klass).get("config_keys", ())]
-        return tuple(dict.fromkeys([*keys, *cls.extra_losses.values()]))
+        extra = (key for name in cls.extra_losses for key in LOSSES[name].section_keys())
+        return tuple(dict.fromkeys([*keys, *extra]))
+
+    @classmethod
+    def check(cls, cfg: Any) -> None:
+        """Raise a :class:`~mmrl.config_fields.ConfigError` naming the keys and the fix when the run's config
+        (:class:`mmrl.config.Config`) asks what this algorithm cannot do; run at load by
+        :mod:`mmrl.algos.checks`, beside the checks every algorithm gets (group size, loss, critic). Checks
+        nothing."""
 
     # ---- hooks --------------------------------------------------------------------------------
 

@@ -6,11 +6,11 @@ Each rule names the keys involved and the fix. ``given`` is the set of dotted ke
 
 from __future__ import annotations
 
-from mmrl.algos import ALGORITHMS, POLICY_LOSSES, check_key_ownership, critic_algorithms, policy_loss
+from collections.abc import Iterable
+
+from mmrl.algos import ALGORITHMS, check_key_ownership, critic_algorithms, policy_loss
 from mmrl.algos.base import Algorithm
-from mmrl.algos.losses import POLICY_LOSS_NEEDS_SEQUENCE_AGG
-from mmrl.algos.losses_2025 import LOSS_KEYS
-from mmrl.algos.rollout_correction import LINEAR_LOSSES
+from mmrl.algos.losses import LOSSES, policy_losses
 from mmrl.config import Config, ConfigError, require_known
 
 
@@ -18,29 +18,25 @@ def check_algorithm_config(cfg: Config, given: frozenset[str]) -> None:
     """Raise a ConfigError when ``cfg`` asks what its algorithm cannot do."""
     require_known("algorithm.name", cfg.algorithm.name, ALGORITHMS)
     algorithm = ALGORITHMS[cfg.algorithm.name]
-    loss = cfg.actor.policy_loss or algorithm.policy_loss
-    require_known("actor.policy_loss", loss, POLICY_LOSSES)
+    loss = cfg.actor.loss.policy or algorithm.policy_loss
+    require_known("actor.loss.policy", loss, policy_losses())
+    spec = LOSSES[loss]
     if cfg.rollout.n < algorithm.min_group_size:
         raise ConfigError(f"rollout.n={cfg.rollout.n}: {cfg.algorithm.name} compares the responses of one "
                           f"prompt, so it needs rollout.n >= {algorithm.min_group_size}")
-    if cfg.algorithm.name == "grpo_pass_k" and cfg.algorithm.pass_k > cfg.rollout.n:
-        raise ConfigError(f"algorithm.pass_k={cfg.algorithm.pass_k} exceeds rollout.n={cfg.rollout.n}: pass@k is over "
-                          "k of a prompt's n samples; lower pass_k or raise rollout.n")
-    if loss in POLICY_LOSS_NEEDS_SEQUENCE_AGG and cfg.actor.loss_agg_mode == "token-mean":
+    algorithm.check(cfg)
+    if spec.sequence_agg and cfg.actor.loss_agg_mode == "token-mean":
         raise ConfigError(f"the {loss} policy loss is one term per sequence: set actor.loss_agg_mode to a "
                           "sequence mode (seq-mean-token-mean), not token-mean")
     if cfg.algorithm.critic_warmup_steps and not algorithm.needs_critic:
         raise ConfigError(f"algorithm.critic_warmup_steps={cfg.algorithm.critic_warmup_steps}: "
                           f"{cfg.algorithm.name} trains no critic; use {', '.join(critic_algorithms())}, or set it to 0")
-    foreign = sorted(key for name, keys in LOSS_KEYS.items() if name != loss for key in keys if key in given)
-    if foreign:
-        owners = {key: name for name, keys in LOSS_KEYS.items() for key in keys}
-        each = ", ".join(f"{key} (the {owners[key]} loss's)" for key in foreign)
-        raise ConfigError(f"{each}: actor.policy_loss={loss} does not read it; remove it or choose that loss")
-    if cfg.actor.rollout_correction != "none" and loss not in LINEAR_LOSSES:
+    check_loss_sections(loss, given)
+    if cfg.actor.rollout_correction != "none" and not spec.linear:
+        linear = sorted(name for name, other in policy_losses().items() if other.linear)
         raise ConfigError(f"actor.rollout_correction={cfg.actor.rollout_correction} weights each token's "
                           f"policy-gradient term through its advantage, which the {loss} loss does not scale with; "
-                          f"use it with {', '.join(sorted(LINEAR_LOSSES))}, or actor.rollout_correction=none")
+                          f"use it with {', '.join(linear)}, or actor.rollout_correction=none")
     if cfg.trainer.guide_unsolved:
         check_guidance(cfg)
     if cfg.trainer.mode == "async":
@@ -53,6 +49,17 @@ def check_algorithm_config(cfg: Config, given: frozenset[str]) -> None:
         policy_loss(cfg)  # every loss term's batch fields are ones the algorithm computes
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def check_loss_sections(loss: str, given: Iterable[str]) -> None:
+    """Raise a ConfigError when a key of ``given`` lies in the section of another policy loss than ``loss``
+    (``actor.loss.<other>.<key>``): the run would ignore it. The extra losses' sections belong to the algorithms
+    that add them (:func:`mmrl.algos.check_key_ownership`)."""
+    owners = {key: name for name, spec in policy_losses().items() if name != loss for key in spec.section_keys()}
+    foreign = sorted(key for key in set(given) if key in owners)
+    if foreign:
+        each = ", ".join(f"{key} (the {owners[key]} loss's)" for key in foreign)
+        raise ConfigError(f"{each}: actor.loss.policy={loss} does not read it; remove it or choose that loss")
 
 
 def check_guidance(cfg: Config) -> None:

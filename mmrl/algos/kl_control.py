@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from mmrl.algos.losses import kl_penalty
+from mmrl.algos.kl import kl_penalty
 from mmrl.config import AlgorithmConfig
 
 

@@ -15,20 +15,31 @@ right or all wrong, or smaller than k, gets 0.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from math import comb
+from typing import Any
 
 import torch
 
 from mmrl import trajectory
 from mmrl.algos.base import OutcomeAlgorithm
 from mmrl.algos.groups import group_index
+from mmrl.config_fields import ConfigError, num
 from mmrl.protocol import Batch
+
+
+@dataclass(kw_only=True)
+class PassAtKConfig:
+    """GRPO for pass@k (``algorithm.name=grpo_pass_k``)."""
+
+    k: int = num(4, ge=1)
+    """The k of pass@k the advantage optimises (at most rollout.n)."""
 
 
 def pass_at_k_advantages(correct: torch.Tensor, uids: Sequence[str], k: int, epsilon: float = 1e-6) -> torch.Tensor:
     """correct (B,) 0/1, the B group ids -> advantages (B,) for pass@k."""
     if k < 1:
-        raise ValueError(f"algorithm.pass_k={k} must be >= 1")
+        raise ValueError(f"algorithm.grpo_pass_k.k={k} must be >= 1")
     index, groups = group_index(uids)
     right = correct.float() > 0.5
     advantages = torch.zeros(len(uids))
@@ -47,9 +58,18 @@ def pass_at_k_advantages(correct: torch.Tensor, uids: Sequence[str], k: int, eps
 
 class PassAtK(OutcomeAlgorithm):
     min_group_size = 2
-    config_keys = ("algorithm.pass_k", "algorithm.epsilon")
+    config_keys = ("algorithm.epsilon",)
+    section = PassAtKConfig
+
+    @classmethod
+    def check(cls, cfg: Any) -> None:
+        """``algorithm.grpo_pass_k.k`` is at most ``rollout.n``."""
+        k = cfg.algorithm.grpo_pass_k.k
+        if k > cfg.rollout.n:
+            raise ConfigError(f"algorithm.grpo_pass_k.k={k} exceeds rollout.n={cfg.rollout.n}: pass@k is over k of "
+                              "a prompt's n samples; lower k or raise rollout.n")
 
     def compute_advantages(self, batch: Batch) -> Batch:
         batch.require("correct", "response_mask", "uid")
-        per_sample = pass_at_k_advantages(batch["correct"], batch["uid"], self.cfg.pass_k, self.cfg.epsilon)
+        per_sample = pass_at_k_advantages(batch["correct"], batch["uid"], self.cfg.grpo_pass_k.k, self.cfg.epsilon)
         return Batch(tensors={"advantages": per_sample.unsqueeze(-1) * trajectory.policy_mask(batch)})

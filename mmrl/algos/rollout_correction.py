@@ -15,11 +15,12 @@ Modes (``actor.rollout_correction``):
 - ``sequence``: one weight per sequence, ``min(exp(sum_t old_t - rollout_t), cap)`` over its policy tokens,
   on each of them.
 
-The weight multiplies each token's policy-gradient term. The table's losses that take it (``ppo_clip``,
-``dual_clip``, ``gspo``, ``cispo``, ``sapo``, ``gpg``, ``dppo_tv``, ``dppo_kl``; not GMPO's per-sequence term nor
-the covariance losses, whose token choice reads the advantages) are linear in the advantage for a positive factor (``max(-wA r, -wA clip(r)) =
-w max(-A r, -A clip(r))`` for ``w > 0``, and the same for the dual-clip cap), so the updater applies it as
-``A * w``; the KL and entropy terms are not weighted.
+The weight multiplies each token's policy-gradient term. The losses that take it are those whose spec says
+``linear`` (:data:`mmrl.algos.losses.LOSSES`: ``ppo_clip``, ``dual_clip``, ``gspo``, ``cispo``, ``sapo``, ``gpg``,
+``dppo_tv``, ``dppo_kl``; not GMPO's per-sequence term nor the covariance losses, whose token choice reads the
+advantages): linear in the advantage for a positive factor (``max(-wA r, -wA clip(r)) = w max(-A r, -A clip(r))``
+for ``w > 0``, and the same for the dual-clip cap), so the updater applies it as ``A * w``; the KL and entropy
+terms are not weighted.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ import torch
 MODES = ("none", "token", "sequence")
 IS_WEIGHTS = "rollout_is_weights"
 """The batch field of the weights (B, R)."""
-LINEAR_LOSSES = frozenset({"ppo_clip", "dual_clip", "gspo", "cispo", "sapo", "gpg", "dppo_tv", "dppo_kl"})
-"""The policy losses whose per-token terms scale with a positive factor on the advantage (see the docstring)."""
 
 
 def rollout_is_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor,

@@ -16,7 +16,6 @@ class SPPO(Algorithm):
     min_group_size = 2
     policy_loss = "sppo"
     loss_fields = ("win_rates",)
-    config_keys = ("actor.sppo_eta",)
 
     def compute_advantages(self, batch: Batch) -> Batch:
         batch.require("token_level_rewards", "response_mask", "uid")

@@ -6,6 +6,7 @@ response length, so that long responses are not dominated by the critic's bias n
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -15,7 +16,18 @@ from mmrl.algos.base import WithCritic
 from mmrl.algos.dapo import DynamicSampling
 from mmrl.algos.masked import masked_whiten
 from mmrl.algos.ppo import gae
+from mmrl.config_fields import num
 from mmrl.protocol import Batch
+
+
+@dataclass(kw_only=True)
+class VAPOConfig:
+    """VAPO (``algorithm.name=vapo``): the lambdas of its decoupled GAE."""
+
+    lam_critic: float = num(1.0, ge=0, le=1)
+    """GAE lambda of the critic's targets (decoupled from the actor's)."""
+    lam_alpha: float = num(0.05, gt=0)
+    """The actor's length-adaptive lambda, ``1 - 1 / (lam_alpha * response length)``."""
 
 
 def length_adaptive_lambda(lengths: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -52,19 +64,21 @@ def decoupled_gae(
 
 class VAPO(WithCritic, DynamicSampling):
     """VAPO (Yue et al., 2025): value-based PPO with DAPO's pieces. A critic (warmed up alone for
-    ``algorithm.critic_warmup_steps``), decoupled GAE (the critic's targets with ``algorithm.lam_critic``, the
-    actor's advantages with a length-adaptive lambda, ``algorithm.lam_alpha``), and from DAPO dynamic
+    ``algorithm.critic_warmup_steps``), decoupled GAE (the critic's targets with ``algorithm.vapo.lam_critic``,
+    the actor's advantages with a length-adaptive lambda, ``algorithm.vapo.lam_alpha``), and from DAPO dynamic
     sampling, clip-higher, the token-level loss and overlong shaping; plus the positive-example LM loss
-    (``actor.positive_lm_coef``, on the samples the verifier accepts). configs/algos/vapo.yaml sets them."""
+    (``actor.loss.positive_lm.coef``, on the samples the verifier accepts). configs/algos/vapo.yaml sets them."""
 
-    config_keys: ClassVar[tuple[str, ...]] = ("algorithm.gamma", "algorithm.lam_critic", "algorithm.lam_alpha")
-    extra_losses: ClassVar[dict[str, str]] = {"positive_lm": "actor.positive_lm_coef"}
+    config_keys: ClassVar[tuple[str, ...]] = ("algorithm.gamma",)
+    section: ClassVar[type | None] = VAPOConfig
+    extra_losses: ClassVar[tuple[str, ...]] = ("positive_lm",)
     loss_fields: ClassVar[tuple[str, ...]] = ("correct",)
 
     def compute_advantages(self, batch: Batch) -> Batch:
         batch.require("token_level_rewards", "values", "response_mask")
         mask = trajectory.policy_mask(batch)
-        lam_actor = length_adaptive_lambda(mask.sum(-1), self.cfg.lam_alpha)
+        own: VAPOConfig = self.cfg.vapo
+        lam_actor = length_adaptive_lambda(mask.sum(-1), own.lam_alpha)
         advantages, returns = decoupled_gae(batch["token_level_rewards"], batch["values"], mask, self.cfg.gamma,
-                                            self.cfg.lam_critic, lam_actor)
+                                            own.lam_critic, lam_actor)
         return Batch(tensors={"advantages": advantages, "returns": returns})

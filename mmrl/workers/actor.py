@@ -12,7 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from mmrl.algos.actor_loss import ActorLoss
-from mmrl.algos.losses import EXTRA_LOSSES, LOSS_FIELDS, POLICY_LOSSES, aggregate, kl_penalty
+from mmrl.algos.aggregation import aggregate
+from mmrl.algos.kl import kl_penalty
+from mmrl.algos.losses import LOSSES
 from mmrl.algos.rollout_correction import IS_WEIGHTS
 from mmrl.budget import MicroBatching
 from mmrl.config import ActorConfig, UpdateConfig
@@ -81,7 +83,7 @@ def on_policy(cfg: UpdateConfig) -> bool:
 
 class PolicyUpdater(DataParallelUpdater):
     """The loss terms of an :class:`~mmrl.algos.actor_loss.ActorLoss` (a policy loss and extra losses from the
-    tables), plus an optional entropy bonus and KL-to-reference loss, over one step's batch."""
+    loss table), plus an optional entropy bonus and KL-to-reference loss, over one step's batch."""
 
     prefix = "actor"
     lm_head = True
@@ -98,8 +100,8 @@ class PolicyUpdater(DataParallelUpdater):
     ) -> None:
         super().__init__(layout, cfg, device, all_reduce, micro)
         self.loss, self.spec = loss, spec
-        self.policy_loss = POLICY_LOSSES[loss.policy]
-        self.extra_losses = [(name, EXTRA_LOSSES[name], coef) for name, coef in loss.extras]
+        self.policy_loss = LOSSES[loss.policy]
+        self.extra_losses = [(name, LOSSES[name], coef) for name, coef in loss.extras]
         # Every term is divided by the global denominator already: its micro-batch values add up to its mean.
         self.normalised = ("pg_loss", *(f"{name}_loss" for name, _, _ in self.extra_losses))
         self.share_prompt = spec.share_prompt
@@ -119,7 +121,7 @@ class PolicyUpdater(DataParallelUpdater):
 
     def loss_inputs(self, name: str, micro: Batch) -> dict[str, torch.Tensor]:
         """The batch fields the table loss ``name`` reads beyond the common ones, on the device, by keyword."""
-        return {field: micro[field].to(self.device) for field in LOSS_FIELDS.get(name, ())}
+        return {field: micro[field].to(self.device) for field in LOSSES[name].fields}
 
     def micro_loss(self, micro: Batch, denominator: float) -> tuple[torch.Tensor, dict[str, float]]:
         cfg, dev = self.cfg, self.device

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from mmrl.algos.losses import value_loss
+from mmrl.algos.value_loss import value_loss
 from mmrl.budget import (MicroBatching, ModelDims, memory_at_hand, score_batching, sharers, training_state_bytes,
                          update_batching)
 from mmrl.config import Config, CriticConfig

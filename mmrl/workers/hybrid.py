@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from mmrl.agent.rollout import AgentRollout
-from mmrl.algos import ALGORITHMS, needs_reference, policy_loss
+from mmrl.algos import ALGORITHMS, LOSSES, needs_reference, policy_loss
 from mmrl.algos.rollout_correction import IS_WEIGHTS
 from mmrl.budget import (MicroBatching, ModelDims, memory_at_hand, score_batching, sharers, training_state_bytes,
                          update_batching)
@@ -52,8 +52,8 @@ from mmrl.workers.model_builder import build_model
 from mmrl.workers.prompts import SCORED, PromptCache
 from mmrl.workers.train_state import CheckpointedWorker
 
-# The per-sample fields any algorithm's policy loss may read beyond advantages (each algorithm declares its own).
-LOSS_FIELDS = tuple(sorted({f for algorithm in ALGORITHMS.values() for f in getattr(algorithm, "loss_fields", ())}))
+# The per-sample fields any loss of the table may read beyond advantages (each loss's spec declares its own).
+LOSS_FIELDS = tuple(sorted({field for spec in LOSSES.values() for field in spec.fields}))
 
 
 class ActorRolloutRefWorker(CheckpointedWorker):

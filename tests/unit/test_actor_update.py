@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from mmrl.algos.actor_loss import ActorLoss
-from mmrl.algos.losses import ppo_clip_loss
+from mmrl.algos.losses.ppo_clip import ppo_clip_loss
 from mmrl.config import ActorConfig, Config
 from mmrl.models.encoding import encode_prompt, vision_token_ids
 from mmrl.models.loading import load_model, load_processor
@@ -18,7 +18,7 @@ from mmrl.parallel.sharding import shard_parts
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
 from mmrl.rollout.hf import HFRolloutEngine
-from mmrl.trainer.rl import old_log_prob_source
+from mmrl.trainer.old_log_probs import old_log_prob_source
 from mmrl.workers.actor import LogProbSpec, PolicyUpdater, batched_logprobs
 
 CPU = torch.device("cpu")
@@ -211,7 +211,7 @@ def test_the_entropy_bonus_adds_minus_coef_times_the_mean_entropy(rollout_batch)
 
 
 def test_the_positive_example_lm_loss_imitates_only_the_correct_samples(rollout_batch):
-    """VAPO's extra loss positive_lm (coefficient actor.positive_lm_coef): with zero advantages the whole
+    """VAPO's extra loss positive_lm (coefficient actor.loss.positive_lm.coef): with zero advantages the whole
     gradient is the NLL of the correct rows' tokens over the mini-batch's token count; rows marked wrong
     contribute nothing."""
     model, batch, spec = rollout_batch

@@ -38,7 +38,8 @@ def test_dapo_drops_the_groups_whose_rewards_agree():
 
 @pytest.mark.parametrize(("mode", "k", "rows"), [("best_k", 1, [0, 3, 5]), ("best_and_worst", 1, [0, 1, 3, 4, 5])])
 def test_pf_ppo_keeps_the_chosen_responses_of_each_group(mode, k, rows):
-    kept, _ = algorithm("pf_ppo", f"algorithm.filter_mode={mode}", f"algorithm.filter_k={k}").filter(batch())
+    kept, _ = algorithm("pf_ppo", f"algorithm.pf_ppo.filter_mode={mode}",
+                        f"algorithm.pf_ppo.filter_k={k}").filter(batch())
     assert kept["row"].tolist() == rows
 
 
@@ -76,7 +77,7 @@ def test_vapo_uses_a_length_adaptive_actor_lambda_and_the_critics_own():
     """Rewards on the last token, zero values: the critic's returns (lambda_critic = 1, gamma 1) are the
     score on every token; the actor's raw advantage at token t is lambda_i^(n-1-t) * score before whitening."""
     values = torch.zeros(len(LENGTHS), 3)
-    out = algorithm("vapo", "algorithm.lam_alpha=0.5").compute_advantages(batch(values=values))
+    out = algorithm("vapo", "algorithm.vapo.lam_alpha=0.5").compute_advantages(batch(values=values))
     for i, n in enumerate(LENGTHS):
         assert out["returns"][i, :n].tolist() == pytest.approx([SCORES[i]] * n)
     lam = [max(0.0, 1 - 1 / (0.5 * n)) for n in LENGTHS]

@@ -6,17 +6,14 @@ import math
 import pytest
 import torch
 
-from mmrl.algos.losses import (
-    EXTRA_LOSSES,
-    POLICY_LOSSES,
-    aggregate,
-    gspo_loss,
-    kl_penalty,
-    positive_lm_loss,
-    ppo_clip_loss,
-    sppo_loss,
-)
-from mmrl.config import ActorConfig
+from mmrl.algos.aggregation import aggregate
+from mmrl.algos.kl import kl_penalty
+from mmrl.algos.losses import LOSSES
+from mmrl.algos.losses.gspo import gspo_loss
+from mmrl.algos.losses.positive_lm import positive_lm_loss
+from mmrl.algos.losses.ppo_clip import ppo_clip_loss
+from mmrl.algos.losses.sppo import SPPOConfig, sppo_loss
+from mmrl.config import ActorConfig, LossConfig
 
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 LENGTHS = [6, 3, 1, 4]  # unequal, right-padded, one single-token response
@@ -439,53 +436,53 @@ def test_abs_kl_by_hand_and_error_message():
         kl_penalty(logp, ref, "k9")
 
 
-# --- the POLICY_LOSSES table -------------------------------------------------------------------------
+# --- the LOSSES table -------------------------------------------------------------------------
 
 
 def test_dual_clip_and_gspo_table_entries_read_the_actor_config():
     b = make_batch(seed=11, spread=1.5)
     args = (b["logp"], b["old"], b["adv"], b["mask"])
     cfg = ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="seq-mean-token-mean")
-    cfg.clip_ratio_c = 2.0
-    loss, metrics = POLICY_LOSSES["dual_clip"](*args, cfg=cfg, denominator=6.0)
+    cfg.loss.dual_clip.clip_ratio_c = 2.0
+    loss, metrics = LOSSES["dual_clip"](*args, cfg=cfg, denominator=6.0)
     direct = ppo_clip_loss(*args, clip_low=0.2, clip_high=0.28, agg_mode="seq-mean-token-mean",
                            denominator=6.0, clip_ratio_c=2.0)
     assert loss.item() == direct[0].item() and metrics == direct[1] and metrics["pg_clipfrac_lower"] > 0
 
     default_cfg = ActorConfig(clip_ratio_low=0.2, clip_ratio_high=0.28)  # clip_ratio_c defaults to 3
-    loss, metrics = POLICY_LOSSES["dual_clip"](*args, cfg=default_cfg)
+    loss, metrics = LOSSES["dual_clip"](*args, cfg=default_cfg)
     direct = ppo_clip_loss(*args, clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0)
     assert loss.item() == direct[0].item() and metrics == direct[1]
 
     cfg = ActorConfig(clip_ratio_low=0.01, clip_ratio_high=0.02, loss_agg_mode="seq-mean-token-sum")
-    loss, metrics = POLICY_LOSSES["gspo"](*args, cfg=cfg, denominator=6.0)
+    loss, metrics = LOSSES["gspo"](*args, cfg=cfg, denominator=6.0)
     direct = gspo_loss(*args, clip_low=0.01, clip_high=0.02, agg_mode="seq-mean-token-sum", denominator=6.0)
     assert loss.item() == direct[0].item() and metrics == direct[1]
 
 
 def test_the_sppo_table_entry_reads_the_win_rates_field():
-    """The sppo entry calls sppo_loss with the batch's win_rates (B,) and actor.sppo_eta, and never reads the
+    """The sppo entry calls sppo_loss with the batch's win_rates (B,) and actor.loss.sppo.eta, and never reads the
     advantages; a row without a valid token (a dispatcher's padding copy) adds nothing, whatever its rate."""
     b = make_batch(seed=12, spread=1.0)
     rates = torch.tensor([0.0, 0.25, 1.0, 0.5], dtype=b["logp"].dtype)
-    cfg = ActorConfig(sppo_eta=2.5, loss_agg_mode="seq-mean-token-mean")
+    cfg = ActorConfig(loss=LossConfig(sppo=SPPOConfig(eta=2.5)), loss_agg_mode="seq-mean-token-mean")
     garbage = torch.full_like(b["adv"], float("nan"))
-    loss, metrics = POLICY_LOSSES["sppo"](b["logp"], b["old"], garbage, b["mask"], cfg=cfg, denominator=5.0,
-                                          win_rates=rates)
+    loss, metrics = LOSSES["sppo"](b["logp"], b["old"], garbage, b["mask"], cfg=cfg, denominator=5.0,
+                                   win_rates=rates)
     direct = sppo_loss(b["logp"], b["old"], rates, b["mask"], eta=2.5, denominator=5.0)
     assert loss.item() == direct[0].item() and metrics == direct[1]
 
     padded = {k: torch.cat([v, v[:1]]) for k, v in b.items()}
     padded["mask"][-1] = 0.0
-    loss_padded, _ = POLICY_LOSSES["sppo"](padded["logp"], padded["old"], padded["adv"], padded["mask"], cfg=cfg,
-                                           denominator=5.0, win_rates=torch.cat([rates, rates[:1]]))
+    loss_padded, _ = LOSSES["sppo"](padded["logp"], padded["old"], padded["adv"], padded["mask"], cfg=cfg,
+                                    denominator=5.0, win_rates=torch.cat([rates, rates[:1]]))
     assert loss_padded.item() == pytest.approx(loss.item(), rel=1e-12)
 
 
 def test_the_positive_lm_extra_loss_reads_the_correct_field():
     b = make_batch(seed=13)
     correct = torch.tensor([1.0, 0.0, 1.0, 0.0])
-    loss, metrics = EXTRA_LOSSES["positive_lm"](b["logp"], b["mask"], cfg=ActorConfig(), denominator=7.0,
-                                                correct=correct)
+    loss, metrics = LOSSES["positive_lm"](b["logp"], b["mask"], cfg=ActorConfig(), denominator=7.0,
+                                          correct=correct)
     direct = positive_lm_loss(b["logp"], b["mask"], correct.bool(), 7.0)
     assert loss.item() == direct[0].item() and metrics == direct[1]

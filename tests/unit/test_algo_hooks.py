@@ -70,7 +70,7 @@ def test_the_default_collection_samples_once_and_applies_the_filter():
     batch, metrics = algorithm("grpo").collect(rec.context(), prompts("flat", "mixed"))
     assert batch["uid"] == ["flat0", "flat0", "mixed1", "mixed1"]
     assert rec.calls == [(2, SAMPLING)] and metrics == {"critic/score/mean": 0.5}
-    batch, metrics = algorithm("pf_ppo", "algorithm.filter_k=1").collect(Recorder().context(), prompts("mixed"))
+    batch, metrics = algorithm("pf_ppo", "algorithm.pf_ppo.filter_k=1").collect(Recorder().context(), prompts("mixed"))
     assert batch["sample_no"].tolist() == [1] and metrics["filter/kept_samples"] == 1.0
 
 

@@ -3,9 +3,12 @@ import math
 import pytest
 import torch
 
-from mmrl.algos import ALGORITHMS, POLICY_LOSSES, build_algorithm
+from mmrl.algos import ALGORITHMS, build_algorithm
+from mmrl.algos.aggregation import aggregate
 from mmrl.algos.grpo import grpo_advantages
-from mmrl.algos.losses import aggregate, kl_penalty, ppo_clip_loss
+from mmrl.algos.kl import kl_penalty
+from mmrl.algos.losses import LOSSES, policy_losses
+from mmrl.algos.losses.ppo_clip import ppo_clip_loss
 from mmrl.algos.rloo import rloo_advantages
 from mmrl.config import ActorConfig, load_config
 from mmrl.protocol import Batch
@@ -79,7 +82,7 @@ def test_dr_grpo_and_rloo_objects_against_a_loop_reference():
 
 def test_algorithm_declarations_and_tables():
     names = ["grpo", "dr_grpo", "rloo", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax",
-             "dapo", "gspo", "vapo", "pf_ppo", "sppo", "grpo_pass_k", "opo"]
+             "dapo", "gspo", "vapo", "pf_ppo", "sppo", "grpo_pass_k", "opo", "otb"]
     assert sorted(ALGORITHMS) == sorted(names)
     critics = {n for n in names if ALGORITHMS[n].needs_critic}
     assert critics == {"ppo", "vapo", "pf_ppo"}
@@ -89,14 +92,14 @@ def test_algorithm_declarations_and_tables():
         "sppo": ("win_rates",), "vapo": ("correct",)}
     assert {n: ALGORITHMS[n].policy_loss for n in ("gspo", "sppo", "grpo")} == {
         "gspo": "gspo", "sppo": "sppo", "grpo": "ppo_clip"}
-    assert all(ALGORITHMS[n].policy_loss in POLICY_LOSSES for n in ALGORITHMS)
+    assert all(ALGORITHMS[n].policy_loss in policy_losses() for n in ALGORITHMS)
 
 
 def test_the_ppo_clip_table_entry_reads_the_actor_config():
     logp, old = torch.tensor([[0.5, -0.5]]), torch.zeros(1, 2)
     adv, mask = torch.tensor([[1.0, -1.0]]), torch.ones(1, 2)
     cfg = ActorConfig(clip_ratio_low=0.1, clip_ratio_high=0.3, loss_agg_mode="seq-mean-token-sum")
-    loss, metrics = POLICY_LOSSES["ppo_clip"](logp, old, adv, mask, cfg=cfg)
+    loss, metrics = LOSSES["ppo_clip"](logp, old, adv, mask, cfg=cfg)
     direct, _ = ppo_clip_loss(logp, old, adv, mask, clip_low=0.1, clip_high=0.3, agg_mode="seq-mean-token-sum")
     # token 0: ratio e^.5 clipped at 1.3 -> -1.3; token 1: ratio e^-.5 = .6065 vs clip .9 -> max(.6065, .9) = .9
     assert float(loss) == pytest.approx(-1.3 + 0.9, abs=1e-5) and float(loss) == float(direct)

@@ -8,7 +8,7 @@ import torch
 
 from mmrl.algos.masked import masked_mean, masked_whiten
 from mmrl.algos.ppo import gae_advantages
-from mmrl.algos.losses import value_loss
+from mmrl.algos.value_loss import value_loss
 
 R = 7
 LENGTHS = [1, 3, R, 5, 2]

@@ -48,12 +48,12 @@ def test_bad_key_or_value_names_the_key_and_what_is_allowed(override, message):
 def test_cross_field_checks():
     with pytest.raises(ConfigError, match="rollout.n >= 2"):
         load_run_config(None, ["rollout.n=1"])
-    with pytest.raises(ConfigError, match="algorithm.name='ppo2' is unknown; allowed: dapo, dr_grpo, grpo, grpo_pass_k, gspo, opo, pf_ppo, ppo, reinforce_plus_plus"):
+    with pytest.raises(ConfigError, match="algorithm.name='ppo2' is unknown; allowed: dapo, dr_grpo, grpo, grpo_pass_k, gspo, opo, otb, pf_ppo, ppo, reinforce_plus_plus"):
         load_run_config(None, ["algorithm.name=ppo2"])
     with pytest.raises(ConfigError, match="algorithm.adv_estimator was renamed: use algorithm.name"):
         load_run_config(None, ["algorithm.adv_estimator=gae"])
-    with pytest.raises(ConfigError, match="actor.policy_loss='clip' is unknown; allowed: cispo, clip_cov, dppo_kl, dppo_tv, dual_clip, gmpo, gpg, gspo, kl_cov, ppo_clip, sapo, sppo"):
-        load_run_config(None, ["actor.policy_loss=clip"])
+    with pytest.raises(ConfigError, match="actor.loss.policy='clip' is unknown; allowed: cispo, clip_cov, dppo_kl, dppo_tv, dual_clip, gmpo, gpg, gspo, kl_cov, ppo_clip, sapo, sppo"):
+        load_run_config(None, ["actor.loss.policy=clip"])
     with pytest.raises(ConfigError, match="rollout.engine='sglang' is unknown; allowed: hf"):
         load_run_config(None, ["rollout.engine=sglang"])
     with pytest.raises(ConfigError, match="critic.num_mini_batches=64 mini-batches"):
@@ -155,20 +155,21 @@ def test_algorithm_family_cross_field_checks():
     with pytest.raises(ConfigError, match="sppo policy loss is one term per sequence"):
         load_run_config(None, ["algorithm.name=sppo"])
     cfg = load_run_config(None, ["algorithm.name=sppo", "actor.loss_agg_mode=seq-mean-token-mean"])
-    assert cfg.actor.policy_loss == "" and cfg.algorithm.name == "sppo"
+    assert cfg.actor.loss.policy == "" and cfg.algorithm.name == "sppo"
     with pytest.raises(ConfigError, match="grpo trains no critic; use ppo, vapo, pf_ppo"):
         load_run_config(None, ["algorithm.critic_warmup_steps=3"])
-    with pytest.raises(ConfigError, match="algorithm.filter_k belongs to pf_ppo: algorithm.name=grpo does not read"):
-        load_run_config(None, ["algorithm.filter_k=2"])
-    load_run_config(None, ["algorithm.name=pf_ppo", "algorithm.filter_k=2"])
-    with pytest.raises(ConfigError, match="actor.policy_loss=sppo reads win_rates"):
-        load_run_config(None, ["actor.policy_loss=sppo", "actor.loss_agg_mode=seq-mean-token-mean"])
+    with pytest.raises(ConfigError,
+                       match="algorithm.pf_ppo.filter_k belongs to pf_ppo: algorithm.name=grpo does not read"):
+        load_run_config(None, ["algorithm.pf_ppo.filter_k=2"])
+    load_run_config(None, ["algorithm.name=pf_ppo", "algorithm.pf_ppo.filter_k=2"])
+    with pytest.raises(ConfigError, match="actor.loss.policy=sppo reads win_rates"):
+        load_run_config(None, ["actor.loss.policy=sppo", "actor.loss_agg_mode=seq-mean-token-mean"])
     assert load_run_config(None, ["algorithm.name=vapo", "algorithm.critic_warmup_steps=3"]).algorithm.critic_warmup_steps == 3
     # seq-mean-token-sum-norm's constant defaults to the longest response, and can be set
     assert load_run_config(None, ["rollout.max_new_tokens=12"]).actor.loss_horizon == 12
     assert load_run_config(None, ["rollout.max_new_tokens=12", "actor.loss_horizon=40"]).actor.loss_horizon == 40
-    with pytest.raises(ConfigError, match="actor.clip_ratio_c"):
-        load_run_config(None, ["actor.clip_ratio_c=1.0"])
+    with pytest.raises(ConfigError, match="actor.loss.dual_clip.clip_ratio_c"):
+        load_run_config(None, ["actor.loss.dual_clip.clip_ratio_c=1.0"])
 
 
 def test_a_bad_judge_engine_is_named_by_its_own_key():
@@ -180,8 +181,8 @@ def test_a_bad_judge_engine_is_named_by_its_own_key():
 def test_given_keys_are_the_yaml_chain_and_the_overrides_and_no_config_key(tmp_path):
     (tmp_path / "base.yaml").write_text("rollout: {n: 3}\ndata: {tasks: {count: 1.0}}\n")
     (tmp_path / "child.yaml").write_text("base: base.yaml\nactor: {vision: {freeze: true}}\n")
-    cfg = load_config(tmp_path / "child.yaml", ["algorithm.filter_k=2", "seed=3"])
-    assert cfg.given_keys == {"rollout.n", "data.tasks", "actor.vision.freeze", "algorithm.filter_k", "seed"}
+    cfg = load_config(tmp_path / "child.yaml", ["algorithm.pf_ppo.filter_k=2", "seed=3"])
+    assert cfg.given_keys == {"rollout.n", "data.tasks", "actor.vision.freeze", "algorithm.pf_ppo.filter_k", "seed"}
     assert load_run_config(tmp_path / "child.yaml").given_keys == {"rollout.n", "data.tasks", "actor.vision.freeze"}
     assert Config().given_keys == frozenset() and "given_keys" not in to_dict(cfg)
     with pytest.raises(ConfigError, match="unknown key given_keys"):
@@ -209,9 +210,9 @@ def test_validation_does_not_write_and_resolve_returns_a_new_config():
 def test_stages_build_their_configs_with_overrides_so_derived_values_follow():
     """make gpu-check runs 10 steps: its cosine spans 10 steps' updates (it spanned the demo's 400 before);
     bench-peer's response length sets the loss horizon."""
-    from pipelines.bench_peer import peer_overrides
+    from benchmarks.peer import peer_overrides
     from pipelines.cli import Command
-    from pipelines.gpu_check import check_overrides
+    from benchmarks.gpu_check import check_overrides
 
     command = Command(str(ROOT / "configs/demo.yaml"), ("resources.device=cpu",))
     small = command.load(*check_overrides(command.load()))

@@ -72,14 +72,14 @@ def test_the_algorithm_objects_broadcast_over_the_policy_tokens_and_check_k():
                            "policy_mask": mask, "token_level_rewards": torch.tensor([[0, 1.0, 0], [0, 0, 0],
                                                                                     [0, 0, 0.5], [0, 0, 1.0]])},
                   objects={"uid": ["p", "p", "p", "p"]})
-    cfg = load_config(None, ["algorithm.name=grpo_pass_k", "algorithm.pass_k=2", "rollout.n=4"])
+    cfg = load_config(None, ["algorithm.name=grpo_pass_k", "algorithm.grpo_pass_k.k=2", "rollout.n=4"])
     adv = build_algorithm(cfg).compute_advantages(batch)["advantages"]
     expected = pass_at_k_advantages(batch["correct"], batch["uid"], 2)
     assert torch.allclose(adv, expected.unsqueeze(-1) * mask)
     opo = build_algorithm(load_config(None, ["algorithm.name=opo"])).compute_advantages(batch)["advantages"]
     assert torch.allclose(opo, opo_advantages(torch.tensor([1.0, 0, 0.5, 1.0]), mask.sum(-1), ["p"] * 4)
                           .unsqueeze(-1) * mask)
-    with pytest.raises(ConfigError, match="pass_k=9 exceeds rollout.n=8"):
-        prepare_run_config(load_config(None, ["algorithm.name=grpo_pass_k", "algorithm.pass_k=9"]))
-    with pytest.raises(ConfigError, match="actor.cispo_clip_high .the cispo loss's.: actor.policy_loss=sapo"):
-        prepare_run_config(load_config(None, ["actor.policy_loss=sapo", "actor.cispo_clip_high=2"]))
+    with pytest.raises(ConfigError, match="grpo_pass_k.k=9 exceeds rollout.n=8"):
+        prepare_run_config(load_config(None, ["algorithm.name=grpo_pass_k", "algorithm.grpo_pass_k.k=9"]))
+    with pytest.raises(ConfigError, match="actor.loss.cispo.clip_high .the cispo loss's.: actor.loss.policy=sapo"):
+        prepare_run_config(load_config(None, ["actor.loss.policy=sapo", "actor.loss.cispo.clip_high=2"]))

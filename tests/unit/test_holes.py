@@ -12,23 +12,22 @@ from mmrl.algos import ALGORITHMS
 from mmrl.algos.filters import group_win_rates
 from mmrl.algos.grpo import grpo_advantages
 from mmrl.algos.kl_control import kl_in_reward
-from mmrl.algos.losses import (
-    POLICY_LOSSES,
-    aggregate,
-    gspo_loss,
-    kl_penalty,
-    positive_lm_loss,
-    ppo_clip_loss,
-    sppo_loss,
-    value_loss,
-)
+from mmrl.algos.aggregation import aggregate
+from mmrl.algos.kl import kl_penalty
+from mmrl.algos.losses import LOSSES
+from mmrl.algos.losses.gspo import gspo_loss
+from mmrl.algos.losses.positive_lm import positive_lm_loss
+from mmrl.algos.losses.ppo_clip import ppo_clip_loss
+from mmrl.algos.losses.sppo import SPPOConfig, sppo_loss
 from mmrl.algos.masked import masked_whiten
+from mmrl.algos.pass_at_k import PassAtKConfig
 from mmrl.algos.ppo import gae, gae_advantages
 from mmrl.algos.rloo import rloo_advantages
 from mmrl.algos.reinforce_pp import reinforce_pp_advantages, reinforce_pp_baseline_advantages, returns_to_go
 from mmrl.algos.remax import remax_advantages
-from mmrl.algos.vapo import decoupled_gae, length_adaptive_lambda
-from mmrl.config import ActorConfig, AlgorithmConfig
+from mmrl.algos.value_loss import value_loss
+from mmrl.algos.vapo import VAPOConfig, decoupled_gae, length_adaptive_lambda
+from mmrl.config import ActorConfig, AlgorithmConfig, LossConfig
 from mmrl.protocol import Batch
 from mmrl.trainer.metrics import non_finite, step_metrics, value_metrics
 
@@ -177,7 +176,7 @@ def test_gae_with_a_lambda_per_row_and_vapo_over_policy_token_counts():
     assert_full(dec_ret, on_policy(gae_loop(rewards, values, policy, 0.95, [0.9] * len(counts))[1], policy))
     raw_actor = gae_loop(rewards, values, policy, 0.95, actor_lam.tolist())[0]
     assert_full(dec_adv, on_policy(whiten_rows(raw_actor), policy), tol=1e-6)
-    cfg = AlgorithmConfig(name="vapo", gamma=0.95, lam_critic=0.9, lam_alpha=0.5)
+    cfg = AlgorithmConfig(name="vapo", gamma=0.95, vapo=VAPOConfig(lam_critic=0.9, lam_alpha=0.5))
     extent, _ = masks()
     batch = Batch(tensors={"token_level_rewards": rewards, "values": values, "response_mask": extent,
                            "policy_mask": policy})
@@ -333,8 +332,9 @@ def test_sppo_and_its_table_entry_sum_log_ratios_over_policy_tokens():
     assert float(loss) == pytest.approx(sum(per_seq) / len(per_seq), rel=1e-12)
     counts = [len(p) for p in policy_positions(b["mask"])]
     assert metrics["sppo_log_ratio"] == pytest.approx(sum(lr * n for lr, n in zip(log_ratios, counts)) / sum(counts))
-    entry, _ = POLICY_LOSSES["sppo"](b["logp"], b["old"], b["adv"], b["mask"], cfg=ActorConfig(sppo_eta=2.0),
-                                     win_rates=rates)  # the advantages are not read
+    entry, _ = LOSSES["sppo"](b["logp"], b["old"], b["adv"], b["mask"],
+                              cfg=ActorConfig(loss=LossConfig(sppo=SPPOConfig(eta=2.0))),
+                              win_rates=rates)  # the advantages are not read
     assert float(entry) == pytest.approx(float(loss), rel=1e-12)
 
 
@@ -368,8 +368,8 @@ def test_a_loss_with_holes_equals_the_loss_of_the_responses_with_the_holes_cut_o
         grads = []
         for inputs in (b, cut):
             logp = inputs["logp"].clone().requires_grad_()
-            loss, _ = POLICY_LOSSES["ppo_clip"](logp, inputs["old"], inputs["adv"], inputs["mask"],
-                                                cfg=ActorConfig(loss_agg_mode=mode, loss_horizon=R))
+            loss, _ = LOSSES["ppo_clip"](logp, inputs["old"], inputs["adv"], inputs["mask"],
+                                         cfg=ActorConfig(loss_agg_mode=mode, loss_horizon=R))
             loss.backward()
             grads.append((float(loss.detach()), picked(logp.grad, inputs["mask"])))
         assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-12), mode
@@ -526,8 +526,10 @@ def test_without_holes_an_algorithm_gives_the_same_bits_with_or_without_a_policy
     tensors = {"token_level_rewards": rewards, "response_mask": extent,
                "values": randn(81, extent, garbage=5.0, dtype=torch.float32),
                "baseline_scores": torch.randn(len(LENGTHS)),
-               "correct": (torch.arange(len(LENGTHS)) % 3 == 0).float()}  # what grpo_pass_k reads
-    cfg = AlgorithmConfig(name=name, gamma=0.99, lam=0.95, lam_critic=0.97, lam_alpha=0.5, pass_k=2)
+               "correct": (torch.arange(len(LENGTHS)) % 3 == 0).float(),  # what grpo_pass_k reads
+               "rollout_log_probs": -torch.rand(extent.shape, generator=torch.Generator().manual_seed(82))}  # otb
+    cfg = AlgorithmConfig(name=name, gamma=0.99, lam=0.95, vapo=VAPOConfig(lam_critic=0.97, lam_alpha=0.5),
+                          grpo_pass_k=PassAtKConfig(k=2))
     algo = ALGORITHMS[name](cfg)
     without = algo.compute_advantages(Batch(tensors=dict(tensors), objects={"uid": UIDS}))
     with_mask = algo.compute_advantages(Batch(tensors={**tensors, "policy_mask": extent.clone()},

@@ -1,5 +1,5 @@
-"""The library's layers point down: the config module imports nothing from the library, and the library
-never imports its preprocessing package."""
+"""The library's layers point down: the config module imports, of the library, only the loss and algorithm tables
+it gathers sections from, and the library never imports its preprocessing package."""
 
 import ast
 import subprocess
@@ -9,13 +9,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_loading_a_config_imports_neither_torch_nor_any_other_mmrl_module():
-    watched = "('mmrl', 'torch', 'rewards', 'data_prep')"
+def test_loading_a_config_imports_only_the_tables_it_gathers_sections_from():
+    """The config gathers each loss's section and each algorithm's from their tables (mmrl.algos.losses,
+    mmrl.algos.table: the loss functions and the algorithm classes, with torch); it imports no model, rollout,
+    worker, trainer, reward or preprocessing code."""
+    watched = "('mmrl', 'rewards', 'data_prep')"
     code = ("import sys, mmrl.config as c\n"
             "c.load_config('configs/algos/vapo.yaml', ['rollout.n=4']).validate()\n"
-            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {watched}))")
+            f"print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in {watched})))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["['mmrl',", "'mmrl.config']"]
+    imported = out.stdout.split()
+    below = ("mmrl", "mmrl.config", "mmrl.config_fields", "mmrl.protocol", "mmrl.trajectory")
+    assert {"mmrl.config", "mmrl.algos.losses", "mmrl.algos.table"} <= set(imported)
+    assert [m for m in imported if m not in below and not m.startswith("mmrl.algos")] == []
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -49,6 +55,7 @@ def string_constants(path: Path) -> list[str]:
 def test_the_answer_tag_is_spelled_in_one_place():
     """Code that writes or reads ``<answer>`` imports the format from mmrl/answer_format.py, which spells the
     tag once (as ``ANSWER_TAG``)."""
-    files = [f for package in ("mmrl", "rewards", "data_prep", "pipelines") for f in sorted((ROOT / package).rglob("*.py"))]
+    files = [f for package in ("mmrl", "rewards", "data_prep", "pipelines", "benchmarks")
+             for f in sorted((ROOT / package).rglob("*.py"))]
     spelled = {str(f.relative_to(ROOT)): [s for s in string_constants(f) if "answer>" in s] for f in files}
     assert not {f: s for f, s in spelled.items() if s}

@@ -7,13 +7,14 @@ import math
 import pytest
 import torch
 
-from mmrl.algos.losses import aggregate, ppo_clip_loss
+from mmrl.algos.aggregation import aggregate
+from mmrl.algos.losses.ppo_clip import ppo_clip_loss
 from mmrl.algos.rollout_correction import IS_WEIGHTS, rollout_is_weights
 from mmrl.config import ActorConfig, ConfigError, load_config
 from mmrl.models.forward import PolicyForward
 from mmrl.models.logprobs import response_logprobs
 from mmrl.run_config import prepare_run_config
-from mmrl.trainer.rl import old_log_prob_source
+from mmrl.trainer.old_log_probs import old_log_prob_source
 from tests.unit.test_actor_update import CPU, rollout_batch, updater_for  # noqa: F401 (a fixture)
 
 

@@ -1,16 +1,21 @@
-"""The 2025-26 policy losses against plain loops written token by token: values and gradients with respect to the
-log-probs, on a ragged batch with a hole and a padding row; and the edge cases of the existing losses."""
+"""The newer policy losses (CISPO, SAPO, GMPO, GPG, Clip-Cov, KL-Cov, DPPO) against plain loops written token by
+token: values and gradients with respect to the log-probs, on a ragged batch with a hole and a padding row; and
+their edge cases through the loss table."""
 
 import math
 
 import pytest
 import torch
 
-from mmrl.algos.losses import POLICY_LOSSES
-from mmrl.algos.losses_2025 import (
-    cispo_loss, clip_cov_loss, divergence, dppo_loss, gmpo_loss, gpg_loss, kl_cov_loss, sapo_loss,
-)
-from mmrl.config import ActorConfig
+from mmrl.algos.losses import LOSSES
+from mmrl.algos.losses.cispo import cispo_loss
+from mmrl.algos.losses.clip_cov import ClipCovConfig, clip_cov_loss
+from mmrl.algos.losses.dppo import divergence, dppo_loss
+from mmrl.algos.losses.gmpo import gmpo_loss
+from mmrl.algos.losses.gpg import gpg_loss
+from mmrl.algos.losses.kl_cov import kl_cov_loss
+from mmrl.algos.losses.sapo import sapo_loss
+from mmrl.config import ActorConfig, LossConfig
 
 
 def ragged_batch(seed=0):
@@ -188,8 +193,8 @@ def test_edge_cases_padding_only_zero_advantages_and_on_policy(name):
     logp) every token-level loss's gradient is the plain policy gradient's (GMPO's, per sequence, is checked
     against its loop above)."""
     agg = "seq-mean-token-mean" if name == "gmpo" else "token-mean"
-    cfg = ActorConfig(loss_agg_mode=agg, clip_cov_lb=0.0, clip_cov_ub=100.0)
-    entry = POLICY_LOSSES[name]
+    cfg = ActorConfig(loss_agg_mode=agg, loss=LossConfig(clip_cov=ClipCovConfig(lb=0.0, ub=100.0)))
+    entry = LOSSES[name]
     logp, old, adv, mask = ragged_batch(seed=1)
     for adv_, mask_ in ((adv, torch.zeros_like(mask)), (torch.zeros_like(adv), mask)):
         if name == "kl_cov" and mask_.any():
