@@ -33,8 +33,7 @@ class Command:
 def parse_command(description: str, argv: list[str] | None = None) -> Command:
     """Parse the stage's arguments (nothing is loaded yet)."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--config", default=os.environ.get("MMRL_CONFIG", "configs/demo.yaml"),
-                        help="YAML config (default: configs/demo.yaml)")
+    parser.add_argument("--config", default="configs/demo.yaml", help="YAML config (default: configs/demo.yaml)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=8 actor.lr=1e-4")
     args = parser.parse_args(argv)
     quiet_third_party()

@@ -25,7 +25,7 @@ from mmrl.config import BarConfig
 from mmrl.models.loading import load_model
 from mmrl.models.tiny import build_tiny_vlm, count_parameters
 from mmrl.trainer.eval_checkpoint import run_eval
-from mmrl.trainer.rl import run_rl
+from mmrl.trainer.run import run_rl
 from mmrl.trainer.sft import run_sft
 from mmrl.tracking import redact_uri, tracking_uri
 from pipelines import data, model

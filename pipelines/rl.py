@@ -8,7 +8,7 @@ One controller (this process) drives the hybrid actor/rollout/reference worker g
 
 from __future__ import annotations
 
-from mmrl.trainer.rl import run_rl
+from mmrl.trainer.run import run_rl
 from pipelines.cli import parse
 
 

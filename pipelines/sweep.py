@@ -31,7 +31,7 @@ from mlflow.tracking import MlflowClient
 from mmrl.models.tiny import build_tiny_vlm
 from mmrl.tracking import tracking_uri
 from mmrl.trainer.eval_checkpoint import run_eval
-from mmrl.trainer.rl import run_rl
+from mmrl.trainer.run import run_rl
 from mmrl.trainer.sft import run_sft
 from pipelines import data, model
 from pipelines.cli import Command, quiet_third_party

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from mmrl.controller import WorkerGroup
+from mmrl.perf_memory import PEAK_KEY
 from mmrl.protocol import Batch
 from mmrl.trajectory import policy_mask
 
@@ -88,3 +90,14 @@ def non_finite(batch: Batch, keys: tuple[str, ...]) -> list[str]:
     """The tensors of ``keys`` that hold a NaN or an infinity on a policy token (the only tokens read)."""
     mask = policy_mask(batch).bool()
     return [k for k in keys if k in batch.tensors and not torch.isfinite(batch[k][mask]).all()]
+
+
+def memory_metrics(metrics: dict[str, float], groups: dict[str, WorkerGroup]) -> dict[str, float]:
+    """``perf/max_memory_gb/<group>`` (the largest peak of the group's ranks in this step: actor, critic,
+    reward_model, judge) and ``perf/max_memory_gb`` (the largest of them). A group's update reports its own in
+    ``metrics`` (its peak up to the update's end); the other groups are asked at the step's end."""
+    peaks = {}
+    for name, group in groups.items():
+        key = f"{PEAK_KEY}/{name}"
+        peaks[key] = metrics[key] if key in metrics else max(group.peak_memory_gb())
+    return peaks | {PEAK_KEY: max(peaks.values())}

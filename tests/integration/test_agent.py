@@ -15,10 +15,9 @@ from mlflow.tracking import MlflowClient
 
 from data_prep.zoom_task import write_zoom_splits
 from mmrl.tracking import Tracker
-from mmrl.trainer.async_rl import AsyncRLTrainer
 from mmrl.trainer.rl import RLTrainer
 from pipelines import data as data_stage
-from pipelines.probes import DyingEpisodeActor, ScriptedCallsActor, ScriptedCallsRollout
+from benchmarks.probes import DyingEpisodeActor, ScriptedCallsActor, ScriptedCallsRollout
 
 
 class ScriptedTrainer(RLTrainer):
@@ -29,8 +28,11 @@ class DyingEpisodeTrainer(RLTrainer):
     actor_worker = DyingEpisodeActor  # calls a tool that returns an image; dies mid-episode once
 
 
-class ScriptedAsyncTrainer(AsyncRLTrainer):
-    rollout_worker = ScriptedCallsRollout
+def scripted_async_trainer(cfg) -> RLTrainer:
+    """An async-mode trainer whose rollout pool's ranks decide when the random model calls zoom_in."""
+    trainer = RLTrainer(cfg)
+    trainer.source.worker = ScriptedCallsRollout
+    return trainer
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +117,7 @@ def test_async_grpo_trains_on_episodes_the_rollout_pool_ran(tiny_config, turn_en
     came with the samples) with the weights that drew them, to the engine's log-probs within 1e-4."""
     cfg = agent_config(tiny_config, turn_ending_model_dir)
     cfg.trainer.mode, cfg.trainer.max_staleness = "async", 0
-    tracker, _ = fit(ScriptedAsyncTrainer(cfg), "agent-async")
+    tracker, _ = fit(scripted_async_trainer(cfg), "agent-async")
     metrics = MlflowClient(cfg.tracking.uri).get_run(tracker.run_id).data.metrics
     check_episodes_trained(metrics)
     assert metrics["async/staleness_max"] == 0

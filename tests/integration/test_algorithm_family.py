@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from mmrl.algos import key_owners
 from mmrl.config import load_config
-from mmrl.trainer.rl import run_rl
+from mmrl.trainer.run import run_rl
 
 CONFIGS = sorted(Path("configs/algos").glob("*.yaml"))
 # A reward that differs between the random-init model's responses (its answers are all wrong), so that
@@ -37,7 +37,7 @@ def test_there_is_one_config_per_algorithm():
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_each_algorithm_config_runs_end_to_end(path, tiny_config, tmp_path):
-    owned = [key for key in ("algorithm.filter_k=2", "algorithm.max_gen_rounds=8")
+    owned = [key for key in ("algorithm.pf_ppo.filter_k=2", "algorithm.max_gen_rounds=8")
              if path.stem in key_owners()[key.split("=")[0]]]  # each algorithm is given only its own keys
     cfg = load_config(path, [
         f"model.path={tiny_config.model.path}", f"trainer.init={tiny_config.model.path}",

@@ -15,17 +15,17 @@ from data_prep.parquet import write_parquet
 from data_prep.pixels import encode_png
 
 from mmrl.tracking import Tracker
-from mmrl.trainer.async_rl import AsyncRLTrainer
 from mmrl.trainer.checkpoint import load_driver_state, resume_point
 from mmrl.trainer.rl import RLTrainer
-from pipelines.probes import UnreliableRollout
+from benchmarks.probes import UnreliableRollout
 from mmrl.trainer.dataset import PromptLoader, load_rows
 
 
-def recording(base: type) -> type:
-    """``base`` keeping each step's trained samples (responses, their weight versions) and the trainer's version."""
+def recording(cfg, worker: type | None = None) -> RLTrainer:
+    """A trainer (of ``trainer.mode``) keeping each step's trained samples (responses, their weight versions) and the
+    trainer's version; ``worker``: the rollout pool's worker class."""
 
-    class Recording(base):
+    class Recording(RLTrainer):
         def collect(self, prompts):
             batch, metrics = super().collect(prompts)
             self.trained = getattr(self, "trained", [])
@@ -33,7 +33,10 @@ def recording(base: type) -> type:
                                  "versions": batch["weight_version"].clone(), "at": self.step_no})
             return batch, metrics
 
-    return Recording
+    trainer = Recording(cfg)
+    if worker is not None:
+        trainer.source.worker = worker
+    return trainer
 
 
 def fit(trainer, cfg):
@@ -80,10 +83,10 @@ def test_async_with_no_staleness_trains_on_what_sync_does(tiny_config, tiny_data
     media the rollout pool got): the same samples, log-probs within 1e-4 of the engine's, the same weights."""
     tiny_config.data.dir = str(mixed_data(tiny_data_dir, tmp_path / "data"))
     sync_cfg = configured(copy.deepcopy(tiny_config), tmp_path / "sync")
-    sync = recording(RLTrainer)(sync_cfg)
+    sync = recording(sync_cfg)
     fit(sync, sync_cfg)
     async_cfg = configured(copy.deepcopy(tiny_config), tmp_path / "async", mode="async", max_staleness=0)
-    asynchronous = recording(AsyncRLTrainer)(async_cfg)
+    asynchronous = recording(async_cfg)
     run_id = fit(asynchronous, async_cfg)
 
     assert len(sync.trained) == len(asynchronous.trained) == 3
@@ -117,14 +120,13 @@ def test_a_ppo_run_with_a_slow_dying_rollout_rank_stays_fresh_and_resumes_with_i
     trained prompts), so both runs together train the loader's first four batches in order."""
     cfg = configured(tiny_config, tmp_path / "ppo", mode="async", max_staleness=1, steps=2)
     # PF-PPO: PPO's critic, and a filter that keeps the best and the worst response of each group.
-    cfg.algorithm.name, cfg.algorithm.filter_mode, cfg.actor.rollout_correction = "pf_ppo", "best_and_worst", "token"
-    first = recording(AsyncRLTrainer)(cfg)
-    first.rollout_worker = UnreliableRollout  # 0.3 s slower per batch; its process exits at its 2nd batch, once
+    cfg.algorithm.name, cfg.algorithm.pf_ppo.filter_mode = "pf_ppo", "best_and_worst"
+    cfg.actor.rollout_correction = "token"
+    first = recording(cfg, UnreliableRollout)  # 0.3 s slower per batch; its process exits at its 2nd batch, once
     fit(first, cfg)
-    assert first.rollout_restarts == 1 and first.restarts == 0  # the pool was replaced, the trainer went on
+    assert first.source.rollout_restarts == 1 and first.restarts == 0  # the pool was replaced, the trainer went on
     cfg.trainer.steps = 4
-    resumed = recording(AsyncRLTrainer)(cfg)
-    resumed.rollout_worker = UnreliableRollout  # its marker is left: it lives
+    resumed = recording(cfg, UnreliableRollout)  # its marker is left: it lives
     run_id = fit(resumed, cfg)
 
     trained = first.trained + resumed.trained
@@ -139,14 +141,14 @@ def test_a_ppo_run_with_a_slow_dying_rollout_rank_stays_fresh_and_resumes_with_i
     assert [p.value for p in history] == [float(s) for s in stalenesses]  # one MLflow run across the resume
     metrics = client.get_run(run_id).data.metrics
     assert 0 < metrics["actor/rollout_is_max"] <= cfg.actor.rollout_is_cap and "critic/vf_loss" in metrics
-    assert metrics["async/rollout_restarts"] == 0 and resumed.rollout_restarts == 0
+    assert metrics["async/rollout_restarts"] == 0 and resumed.source.rollout_restarts == 0
 
 
 def test_the_drop_policy_trains_only_fresh_batches_and_counts_the_dropped(tiny_config, tmp_path):
     """stale_policy=drop, max_staleness=0: a batch drawn while the trainer was updating is one version old when its
     turn comes, so it is dropped; every trained sample is from the trainer's current weights."""
     cfg = configured(tiny_config, tmp_path / "drop", mode="async", max_staleness=0, stale_policy="drop", steps=2)
-    trainer = recording(AsyncRLTrainer)(cfg)
+    trainer = recording(cfg)
     run_id = fit(trainer, cfg)
 
     assert [r["at"] for r in trainer.trained] == [0, 1]
@@ -164,7 +166,7 @@ def test_async_on_vllm_draws_with_the_published_weights(tiny_config, vllm_model_
     sample is from the trainer's current weights, and the trainer's log-probs match vLLM's within 1e-4."""
     cfg = configured(tiny_config, tmp_path / "vllm", mode="async", max_staleness=0)
     cfg.model.path, cfg.trainer.init, cfg.rollout.engine = str(vllm_model_dir), str(vllm_model_dir), "vllm"
-    trainer = recording(AsyncRLTrainer)(cfg)
+    trainer = recording(cfg)
     run_id = fit(trainer, cfg)
     for record in trainer.trained:
         assert torch.equal(record["versions"], torch.full_like(record["versions"], record["at"]))

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from mmrl.controller.reuse import idle_hosts
 from mmrl.trainer.checkpoint import load_driver_state
-from mmrl.trainer.rl import run_rl
+from mmrl.trainer.run import run_rl
 
 
 LENGTH_REWARD = "def score(response):\n    return len(response) / 10\n"

@@ -18,7 +18,7 @@ from mmrl.config import load_config
 from mmrl.models.families import FAMILIES
 from mmrl.models.tiny import build_tiny_vlm
 from mmrl.trainer.eval_checkpoint import run_eval
-from mmrl.trainer.rl import run_rl
+from mmrl.trainer.run import run_rl
 from mmrl.trainer.sft import run_sft
 from pipelines import data, model
 

@@ -7,7 +7,7 @@ from mlflow.tracking import MlflowClient
 
 from data_prep.parquet import write_parquet
 from data_prep.synthetic import build_splits
-from mmrl.trainer.rl import run_rl
+from mmrl.trainer.run import run_rl
 from mmrl.trainer.sft import run_sft
 
 WINDOW = 5  # steps averaged at each end of the run

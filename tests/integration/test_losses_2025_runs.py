@@ -1,4 +1,4 @@
-"""Each 2025-26 loss runs two GRPO steps end to end (real Ray workers, MLflow), with its own metric logged, finite,
+"""Each of the newer losses (CISPO, SAPO, GMPO, GPG, Clip-Cov, KL-Cov, DPPO) runs two GRPO steps end to end (real Ray workers, MLflow), with its own metric logged, finite,
 and a gradient that moved the policy; off-policy guidance and the pass-rate rules run two steps. (The estimators,
 grpo_pass_k and opo, run end to end from their configs in tests/integration/test_algorithm_family.py.)"""
 
@@ -11,17 +11,18 @@ from mlflow.tracking import MlflowClient
 from mmrl.models.loading import load_processor
 from mmrl.tracking import Tracker
 from mmrl.trainer.checkpoint import load_driver_state
-from mmrl.trainer.rl import RLTrainer, run_rl
+from mmrl.trainer.rl import RLTrainer
+from mmrl.trainer.run import run_rl
 
 RUNS = [  # (overrides, the metric the loss logs)
-    ({"actor.policy_loss": "cispo"}, "actor/pg_clipfrac"),
-    ({"actor.policy_loss": "sapo"}, "actor/sapo_gate"),
-    ({"actor.policy_loss": "gmpo", "actor.loss_agg_mode": "seq-mean-token-mean"}, "actor/pg_clipfrac"),
-    ({"actor.policy_loss": "gpg"}, "actor/ppo_kl"),
-    ({"actor.policy_loss": "clip_cov", "actor.clip_cov_lb": 0.0}, "actor/pg_clipfrac"),
-    ({"actor.policy_loss": "kl_cov", "actor.kl_cov_ratio": 0.2}, "actor/kl_cov_frac"),
-    ({"actor.policy_loss": "dppo_tv"}, "actor/pg_clipfrac"),
-    ({"actor.policy_loss": "dppo_kl"}, "actor/pg_clipfrac"),
+    ({"actor.loss.policy": "cispo"}, "actor/pg_clipfrac"),
+    ({"actor.loss.policy": "sapo"}, "actor/sapo_gate"),
+    ({"actor.loss.policy": "gmpo", "actor.loss_agg_mode": "seq-mean-token-mean"}, "actor/pg_clipfrac"),
+    ({"actor.loss.policy": "gpg"}, "actor/ppo_kl"),
+    ({"actor.loss.policy": "clip_cov", "actor.loss.clip_cov.lb": 0.0}, "actor/pg_clipfrac"),
+    ({"actor.loss.policy": "kl_cov", "actor.loss.kl_cov.ratio": 0.2}, "actor/kl_cov_frac"),
+    ({"actor.loss.policy": "dppo_tv"}, "actor/pg_clipfrac"),
+    ({"actor.loss.policy": "dppo_kl"}, "actor/pg_clipfrac"),
 ]
 
 
@@ -44,8 +45,11 @@ def test_each_new_loss_runs_two_rl_steps(tiny_config, tmp_path):
     for overrides, metric in RUNS:
         run_cfg = dataclasses.replace(copy.deepcopy(cfg), given_keys=frozenset(overrides))
         for key, value in overrides.items():
-            section, name = key.split(".")
-            setattr(getattr(run_cfg, section), name, value)
+            *sections, name = key.split(".")
+            node = run_cfg
+            for section in sections:
+                node = getattr(node, section)
+            setattr(node, name, value)
         run_cfg.trainer.out_dir = str(tmp_path / "_".join(str(v) for v in overrides.values()))
         result = run_rl(run_cfg)
         run = client.get_run(result["mlflow_run_id"])

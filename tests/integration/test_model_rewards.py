@@ -19,7 +19,7 @@ from mmrl.protocol import Batch
 from mmrl.rollout.samples import encode_rows
 from mmrl.schema import decode_images
 from mmrl.trainer.dataset import load_rows, rows_to_batch
-from mmrl.trainer.rl import run_rl
+from mmrl.trainer.run import run_rl
 from mmrl.trainer.rm import response_ids
 from mmrl.trainer.sft import pad_targets
 from mmrl.workers.judge import JudgeWorker

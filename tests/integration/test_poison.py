@@ -9,7 +9,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
-from mmrl.trainer.rl import run_rl
+from mmrl.trainer.run import run_rl
 
 # Finite and within float32 (and reward.max_abs_score is raised past it), so the reward manager accepts it;
 # GAE's whitening then overflows to NaN. What is under test is the trainer's own guard.

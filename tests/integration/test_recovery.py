@@ -10,7 +10,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
-from mmrl.trainer.rl import run_rl
+from mmrl.trainer.run import run_rl
 
 LENGTH_REWARD = "def score(response):\n    return len(response) / 10\n"
 

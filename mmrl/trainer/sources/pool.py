@@ -1,0 +1,206 @@
+"""The async mode's rollout source (``trainer.mode=async``): a rollout pool generates the next batches while the
+trainer updates.
+
+The source keeps a queue of batches in flight on the rollout pool (:class:`RolloutWorker` ranks, their own
+placement: ``rollout.num_workers``). A step takes the oldest, waits for it if it is not done
+(``timing_s/wait_rollout``); the trainer scores it and trains on it exactly as on the hybrid engine's samples: the
+old log-probs are recomputed by the trainer (the proximal policy), the engine's own are the behaviour policy's
+(``actor.rollout_correction``). After the update the trainer's weights are published
+(:mod:`mmrl.trainer.weight_transport`) and the queue is topped up with the next prompts.
+
+**Staleness.** A batch's samples are drawn with the newest weights published when the batch *starts*
+(:class:`~mmrl.workers.rollout_worker.RolloutWorker` loads them between batches, never inside one: in-flight
+samples finish on the weights they started with). Its staleness is the trainer's version when it is trained on
+minus the version that drew it. With ``trainer.stale_policy=wait`` at most ``max_staleness + 1`` batches are in
+flight; a batch was submitted after the update ``max_staleness`` versions before the one it is trained at, so
+no sample is ever older than ``max_staleness`` and none is wasted, and ``max_staleness=0`` is the sync run
+(the same prompts, the same seeded draws, the same weights). With ``drop`` one more batch is in flight, so the
+pool does not wait for the trainer's weights, and a batch that arrives older than ``max_staleness`` is
+dropped (``async/dropped_groups`` counts its groups; its prompts are skipped, as a filter would skip them).
+
+**Resume.** A checkpoint records the loader as it was before the oldest untrained batch was drawn: a resumed
+run draws the in-flight prompts again and generates them with its current weights (the buffer is regenerated,
+not saved). A rollout rank that dies or hangs costs its batches: the pool is rebuilt, it loads the newest
+weights from the transport, and the batches in flight are submitted again; the trainer's failures take the
+trainer's own recovery.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mmrl.controller import ResourcePool, WorkerFailure, WorkerGroup
+from mmrl.controller.session import worker_shape
+from mmrl.controller.worker import resolve_device
+from mmrl.controller.worker_group import Pending
+from mmrl.protocol import Batch
+from mmrl.rollout.base import SamplingParams
+from mmrl.trainer.sources.base import Generate, RolloutSource, Timer
+from mmrl.trainer.weight_transport import build_transport
+from mmrl.workers.rollout_worker import RolloutWorker
+
+if TYPE_CHECKING:
+    from mmrl.config import ResourcesConfig
+    from mmrl.trainer.dataset import PromptLoader
+
+
+@dataclass
+class InFlight:
+    """A batch submitted to the rollout pool: its prompts, the loader's state before they were drawn, and the call."""
+
+    prompts: Batch
+    loader_state: dict[str, Any]
+    pending: Pending
+
+
+class PoolRollouts(RolloutSource):
+    """Samples from a rollout pool that runs ahead of the trainer by up to ``trainer.max_staleness`` versions."""
+
+    holds_engine = False
+    worker: type = RolloutWorker
+    """The pool's worker class (a test may put a probed subclass here)."""
+
+    def reset(self) -> None:
+        self.inflight: deque[InFlight] = deque()
+        self.trainer_version = 0
+        self.to_publish = True  # the trainer's weights are not published yet
+        self.rollout_restarts = 0
+        self.step_metrics: dict[str, float] = {}
+
+    @property
+    def depth(self) -> int:
+        """Batches in flight: ``max_staleness + 1`` (wait), one more (drop)."""
+        trainer = self.cfg.trainer
+        return trainer.max_staleness + 1 + (trainer.stale_policy == "drop")
+
+    # ---- set-up -------------------------------------------------------------------------------
+
+    def worker_shape(self, resources: ResourcesConfig, use_gpu: bool, pools: int) -> tuple[float, int]:
+        """The trainer's pools and the rollout pool run at once: the CPUs are split over all their bundles."""
+        self.shape = worker_shape(resources, use_gpu, pools, others=self.cfg.rollout.num_workers)
+        return self.shape
+
+    def build(self, workers: WorkerGroup, share_contexts: bool, timer: Timer) -> None:
+        """The weight transport and the rollout pool, beside the trainer's groups."""
+        super().build(workers, share_contexts, timer)
+        self.transport = build_transport(self.cfg.rollout.weight_transport)
+        self.build_pool()
+
+    def build_pool(self) -> None:
+        cfg, res = self.cfg, self.cfg.resources
+        use_gpu = resolve_device(res.device).type == "cuda"
+        cpus, threads = self.shape
+        pool = ResourcePool(cfg.rollout.num_workers, cpus, use_gpu, name="rollout", reuse=res.reuse_workers)
+        self.pool = WorkerGroup(self.worker, pool, threads=threads, device=res.device,
+                                timeout_s=cfg.trainer.step_timeout_s)
+        self.pool.init_model(cfg, self.checkpoint, self.transport)
+
+    @property
+    def episode_group(self) -> WorkerGroup:
+        return self.pool  # the pool's ranks run the tools
+
+    def restored(self) -> None:
+        self.to_publish = True
+
+    # ---- the queue ----------------------------------------------------------------------------
+
+    def fill(self) -> None:
+        """Submit prompts until ``depth`` batches are in flight (each generation call starts once the pool's
+        earlier ones are done, with the newest weights then published)."""
+        if self.to_publish:
+            self.publish()
+        while len(self.inflight) < self.depth:
+            state = copy.deepcopy(self.loader.state_dict())
+            prompts = self.loader.next_batch()
+            pending = self.pool.submit("generate", prompts, self.params)
+            self.inflight.append(InFlight(prompts, state, pending))
+
+    def next_prompts(self, loader: PromptLoader) -> Batch:
+        self.loader = loader
+        self.fill()
+        return self.inflight[0].prompts
+
+    def begin_step(self) -> int:
+        self.step_metrics = {}
+        return 0
+
+    def samples(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """The oldest batch in flight (``prompts``'), waited for (the hybrid engine's ``gen`` is this source's
+        ``wait_rollout``); a batch older than ``max_staleness`` is dropped (``drop``) and the next one taken, with the
+        queue topped up."""
+        dropped = 0
+        while True:
+            with self.timer("wait_rollout"):
+                samples = self.take()
+            head = self.inflight.popleft()
+            staleness = self.trainer_version - samples["weight_version"]
+            if int(staleness.max()) <= self.cfg.trainer.max_staleness:
+                break
+            dropped += len(head.prompts)
+            self.fill()
+            prompts = self.inflight[0].prompts
+        self.step_metrics = {
+            "async/staleness_mean": float(staleness.float().mean()), "async/staleness_max": float(staleness.max()),
+            "async/dropped_groups": float(dropped), "async/buffer_batches": float(len(self.inflight)),
+            "timing_s/wait_weights": float(samples["rollout_wait_s"].max()),
+        }
+        samples.tensors.pop("rollout_wait_s")
+        return prompts.repeat(params.n).union(samples)
+
+    def take(self) -> Batch:
+        """The head batch's samples; a failed rollout pool is rebuilt and every batch in flight submitted again."""
+        try:
+            return self.inflight[0].pending.result()
+        except WorkerFailure as failure:
+            self.restart_pool(failure)
+            return self.inflight[0].pending.result()
+
+    def restart_pool(self, failure: WorkerFailure) -> None:
+        print(f"rollout pool failed ({failure}); rebuilding it and generating the {len(self.inflight)} batches in "
+              "flight again", flush=True)
+        self.pool.shutdown()
+        self.build_pool()
+        self.rollout_restarts += 1
+        for item in self.inflight:
+            item.pending = self.pool.submit("generate", item.prompts, self.params)
+
+    # ---- the weights --------------------------------------------------------------------------
+
+    def after_update(self) -> int:
+        """Publish the trainer's weights and top the queue up: the next batches start on them."""
+        with self.timer("update_weights"):
+            moved = self.publish()
+        self.fill()
+        return moved
+
+    def publish(self) -> int:
+        """Gather the trainer's weights and send them through the transport (a collective on its ranks); 1 when the
+        published version changed (or none from this trainer was published yet), else 0."""
+        version = self.workers.publish_weights(self.transport)
+        moved = int(version != self.trainer_version or self.to_publish)
+        self.trainer_version, self.to_publish = version, False
+        return moved
+
+    @contextmanager
+    def serving(self) -> Iterator[Generate]:
+        """Evaluation on the rollout pool, with the newest published weights (the trainer has no engine)."""
+        yield self.pool.generate
+
+    def loader_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The loader as it was before the oldest untrained batch was drawn: a resumed run draws it again."""
+        return self.inflight[0].loader_state if self.inflight else state
+
+    def metrics(self) -> dict[str, float]:
+        return self.step_metrics | {"async/rollout_restarts": float(self.rollout_restarts)}
+
+    def shutdown(self) -> None:
+        pool = getattr(self, "pool", None)
+        if pool is not None:
+            pool.shutdown()
+        self.pool = None
+        self.inflight = deque()
