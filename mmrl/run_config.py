@@ -23,9 +23,9 @@ def load_run_config(path: str | Path | None = None, overrides: Sequence[str] = (
 
 
 def prepare_run_config(cfg: Config) -> Config:
-    """``cfg`` checked (:meth:`Config.validate` and :func:`check_run_config`) and resolved into a new Config;
+    """``cfg`` checked (:meth:`Config.check` and :func:`check_run_config`) and resolved into a new Config;
     ``cfg`` itself is left as it is. On a resolved config it returns an equal one."""
-    cfg.validate()
+    cfg.check()
     check_run_config(cfg)
     return resolve(cfg)
 

@@ -43,10 +43,11 @@ def video_synthesis(cfg: Config) -> VideoSynthesis:
 
 
 def zoom_board(cfg: Config, **view: int) -> ZoomTaskSpec:
-    """The zoom task's board as the config sets it (``data.image_size``, ``zoom_grid``, ``zoom_shapes``,
-    ``zoom_spot``); ``view`` gives the view fields (``view_side``, ``zoom_max_pixels``), else their defaults."""
-    return ZoomTaskSpec(image_size=cfg.data.image_size, grid=cfg.data.zoom_grid, shapes_per_cell=cfg.data.zoom_shapes,
-                        spot_side=cfg.data.zoom_spot, cell_names=cfg.data.zoom_cell_names, **view)
+    """The zoom task's board as the config sets it (``data.image_size``, ``data.zoom.grid``, ``.shapes``, ``.spot``,
+    ``.cell_names``); ``view`` gives the view fields (``view_side``, ``zoom_max_pixels``), else their defaults."""
+    zoom = cfg.data.zoom
+    return ZoomTaskSpec(image_size=cfg.data.image_size, grid=zoom.grid, shapes_per_cell=zoom.shapes,
+                        spot_side=zoom.spot, cell_names=zoom.cell_names, **view)
 
 
 def zoom_spec(cfg: Config) -> ZoomTaskSpec:
@@ -70,9 +71,10 @@ def zoom(cfg: Config) -> None:
         raise ValueError(f"data.tasks: the zoom task is generated alone (its sft split holds demonstrations); got "
                          f"also {others}: set data.tasks={{zoom: 1.0}}")
     spec = zoom_spec(cfg)
-    splits = write_zoom_splits(cfg.data.dir, cfg.data.sizes, cfg.seed, spec, call_share=cfg.data.zoom_call_share,
-                               call_cells=cfg.data.zoom_call_cells, direct_share=cfg.data.zoom_direct_share,
-                               direct_by_kind=cfg.data.zoom_direct_by_kind)
+    zoom = cfg.data.zoom
+    splits = write_zoom_splits(cfg.data.dir, cfg.data.sizes, cfg.seed, spec, call_share=zoom.call_share,
+                               call_cells=zoom.call_cells, direct_share=zoom.direct_share,
+                               direct_by_kind=zoom.direct_by_kind)
     for split, report in splits.items():
         print(f"data: {split:5s} {report.summary()} -> {Path(cfg.data.dir) / f'{split}.parquet'}")
 

@@ -50,7 +50,7 @@ def test_each_algorithm_config_runs_end_to_end(path, tiny_config, tmp_path):
     if cfg.algorithm.critic_warmup_steps:
         cfg.algorithm.critic_warmup_steps = 1  # step 1 trains the critic alone, step 2 both
     cfg.reward.weights, cfg.reward.function = {}, HALF_FLAT if path.stem == "dapo" else VARIED
-    cfg.validate()
+    cfg.check()
     result = run_rl(cfg)
     client = MlflowClient(cfg.tracking.uri)
     run = client.get_run(result["mlflow_run_id"])
@@ -81,7 +81,7 @@ def test_dynamic_sampling_stops_with_a_clear_error_when_no_group_differs(tiny_co
         "resources.reuse_workers=true",
     ])
     cfg.reward.weights, cfg.reward.function = {}, "tests/fixtures/reward_plugins/kinds.py:constant"
-    cfg.validate()
+    cfg.check()
     with pytest.raises(RuntimeError, match=r"dynamic sampling: after 2 generation rounds only 0 of 2 prompts .* "
                                            r"raise algorithm.max_gen_rounds"):
         run_rl(cfg)

@@ -316,7 +316,7 @@ def test_make_data_writes_the_zoom_task_at_the_model_s_view_and_refuses_a_mix(ti
     assert len(sft) == 2 and len(test) == 3
     assert all(json.loads(r["extra"]).get("demonstration") for r in sft)  # the sft split holds episodes
     assert not any(json.loads(r["extra"]).get("demonstration") for r in test)
-    tiny_config.data.zoom_direct_by_kind = {kind: 1.0 for kind in ("circle", "square", "triangle")}
+    tiny_config.data.zoom.direct_by_kind = {kind: 1.0 for kind in ("circle", "square", "triangle")}
     data.synthetic(tiny_config)  # every kind's sft rows plain: the config reaches the task
     assert not any(json.loads(r["extra"]).get("demonstration") for r in read_parquet(tmp_path / "sft.parquet"))
     tiny_config.data.tasks = {"zoom": 1.0, "colour": 0.5}
@@ -330,7 +330,7 @@ def test_the_tiny_tokenizer_makes_a_cell_named_by_letters_one_token(names: str, 
     from mmrl.models.tiny import train_tokenizer
     from pipelines.model import zoom_corpus
 
-    cfg = load_config("configs/agent_demo.yaml", [f"data.zoom_cell_names={names}"])
+    cfg = load_config("configs/agent_demo.yaml", [f"data.zoom.cell_names={names}"])
     tokenizer = train_tokenizer(zoom_corpus(cfg), 1024, ["<pad>"], eos="<pad>", pad="<pad>", chat_template="")
     spec = ZoomTaskSpec(cell_names=names)
     for row in range(4):

@@ -193,7 +193,7 @@ def test_validation_does_not_write_and_resolve_returns_a_new_config():
     loaded = load_config(None, ["trainer.steps=7", "actor.ppo_epochs=3", "rollout.max_new_tokens=12",
                                 "critic.loss_horizon=5"])
     before = to_dict(loaded)
-    loaded.validate()
+    loaded.check()
     assert to_dict(loaded) == before and loaded.actor.loss_horizon == 0 and loaded.actor.decay_steps == 0
     resolved = resolve(loaded)
     assert to_dict(loaded) == before  # the input is untouched
