@@ -1,18 +1,22 @@
 """The config of a run: loaded, checked against the library's tables, resolved.
 
-:mod:`mmrl.config` sits at the bottom of the library and imports nothing from it; the checks that read the
-tables of algorithms, policy losses and rollout engines live here, one layer up, so that loading a config
-imports neither torch nor the algorithms. Every stage loads its config with :func:`load_run_config`; a config
-built or changed in code becomes a run's config through :func:`prepare_run_config`.
+:mod:`mmrl.config` sits near the bottom of the library: it reads only the loss and algorithm tables, whose entries
+declare their own sections. The checks that read the tables (an algorithm and its loss, the rollout engines) live
+here, one layer up. Every stage loads its config with :func:`load_run_config`; a config built or changed in code
+becomes a run's config through :func:`prepare_run_config`; :func:`run_dict` is a run's config as the keys it
+reads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from mmrl.algos.checks import check_algorithm_config
-from mmrl.config import Config, load_config, require_known, resolve
+from mmrl.algos.losses import LOSSES
+from mmrl.algos.table import ALGORITHMS
+from mmrl.config import Config, load_config, require_known, resolve, to_dict
 from mmrl.rollout import ENGINES
 
 
@@ -36,3 +40,17 @@ def check_run_config(cfg: Config) -> None:
     require_known("rollout.engine", cfg.rollout.engine, ENGINES)
     if cfg.reward.judge.engine:
         require_known("reward.judge.engine", cfg.reward.judge.engine, ENGINES)
+
+
+def run_dict(cfg: Config) -> dict[str, Any]:
+    """``cfg`` as nested dicts without the sections it does not read: of ``actor.loss``, only the sections of its
+    policy loss and of its algorithm's extra losses; of ``algorithm``, only its algorithm's own. Two runs read the
+    same keys with the same values when their dicts are equal, whatever losses and algorithms the tables hold."""
+    tree = to_dict(cfg)
+    algorithm = ALGORITHMS[cfg.algorithm.name]
+    losses = {cfg.actor.loss.policy or algorithm.policy_loss, *algorithm.extra_losses}
+    tree["actor"]["loss"] = {key: value for key, value in tree["actor"]["loss"].items()
+                             if key not in LOSSES or key in losses}
+    tree["algorithm"] = {key: value for key, value in tree["algorithm"].items()
+                         if key not in ALGORITHMS or key == cfg.algorithm.name}
+    return tree

@@ -93,13 +93,13 @@ def commit() -> str:
 
 
 def config_hash(config: str, overrides: list[str]) -> str:
-    """sha256 (16 hex digits) of the run's resolved config without its bar: equal hashes, equal runs. The bar
+    """sha256 (16 hex digits) of the run's resolved config as the keys it reads (:func:`mmrl.run_config.run_dict`:
+    a loss or an algorithm added to the tables leaves it as it is), without its bar: equal hashes, equal runs. The bar
     (``bar.*``) judges a run and does not change it, so the page judges each record against its entry's current
     bar (:func:`judge`) and a changed bar leaves the record current."""
-    from mmrl.config import to_dict
-    from mmrl.run_config import load_run_config
+    from mmrl.run_config import load_run_config, run_dict
 
-    resolved = to_dict(load_run_config(ROOT / config, overrides))
+    resolved = run_dict(load_run_config(ROOT / config, overrides))
     resolved.pop("bar", None)
     return hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
