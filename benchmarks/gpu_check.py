@@ -35,7 +35,7 @@ from mmrl.models.logprobs import response_logprobs
 from mmrl.models.scoring import Scoring, score_tokens
 from mmrl.models.tiny import build_tiny_vlm
 from mmrl.parallel.sharding import model_blocks
-from mmrl.tracking import tracking_uri
+from mmrl.trainer.tracking import tracking_uri
 from mmrl.trainer.run import run_rl
 from mmrl.workers.model_builder import build_model
 from pipelines import data, model

@@ -9,7 +9,7 @@ Runs, each in fresh worker processes (so that every peak is its own):
    before (the driver holds the prompts' encodings and ships them to every call) against after (prompts stay
    on the rank that encoded them).
 
-Peak memory is the trainer's ``perf/max_memory_gb`` measurement (:mod:`mmrl.perf_memory`: the peak RSS on
+Peak memory is the trainer's ``perf/max_memory_gb`` measurement (:mod:`mmrl.memory.peaks`: the peak RSS on
 CPU, CUDA's peak allocated memory on GPU), in GiB: each step opens a window on every worker (as a training
 step does), and a worker's peak is the largest of its steps' (so loading's transient full copies, before
 sharding, never count). ``perf/max_memory_gb`` is the largest over the workers, as the trainer logs it;
@@ -36,7 +36,7 @@ from tqdm import tqdm
 from benchmarks.common import ensure_inputs, full_step, print_table, spawn, step_peaks
 from mmrl.config import Config, PartConfig, VisionPartConfig
 from mmrl.controller.session import ensure_ray
-from mmrl.perf_memory import PEAK_KEY
+from mmrl.memory.peaks import PEAK_KEY
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
 from mmrl.trainer.dataset import PromptLoader, load_rows

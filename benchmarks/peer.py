@@ -3,7 +3,7 @@
 The same random-init tiny model, the same 112x112 images and prompts, the same GRPO work (P prompts x n
 samples x up to T new tokens, temperature 1, no KL, one PPO epoch, one optimizer step per batch), one process
 each side with the same torch threads. mmrl runs at its defaults: its automatic token budgets
-(:mod:`mmrl.budget`) put a step's P*n samples in one generation batch and one update micro-batch at these
+(:mod:`mmrl.memory.budget`) put a step's P*n samples in one generation batch and one update micro-batch at these
 shapes, which TRL is given too (one generation batch is TRL's own way; ``actor.micro_batch_size`` set in the
 config or ARGS sets both sides' training micro-batch instead). A random-init model rarely emits the
 end-of-turn token, so nearly every response runs to T tokens on both sides (the mean lengths are printed).
@@ -41,7 +41,7 @@ from mlflow.tracking import MlflowClient
 
 from benchmarks.flags import names, parse_flags, shapes
 from mmrl.config import Config
-from mmrl.tracking import tracking_uri
+from mmrl.trainer.tracking import tracking_uri
 
 OUT = Path("outputs/bench_peer")
 SIZES = ((16, 8, 16), (64, 8, 32))  # prompts x samples x max new tokens; --sizes "2x2x4 8x4x8" overrides

@@ -23,7 +23,7 @@ runs a warm-up step of the same M responses of WARMUP_LENGTH tokens (it allocate
 state), then ``--steps`` (default 1) measured steps: the step time is their median, the peak is over
 all the steps, so it is the steady state's, with the optimizer state in memory.
 
-Memory is :mod:`mmrl.perf_memory`'s peak over the steps (on CPU the process's peak RSS; CUDA's peak allocated
+Memory is :mod:`mmrl.memory.peaks`'s peak over the steps (on CPU the process's peak RSS; CUDA's peak allocated
 memory on a GPU), in GiB, the window opened once the model is loaded. ``state`` is what the weights, the
 gradients and AdamW's moments take (counted, not measured): the floor under every side's peak (a loaded
 checkpoint stays mapped from its file until touched, so the memory right after loading says little). The table
@@ -55,7 +55,7 @@ from tqdm import tqdm
 
 from benchmarks.flags import names, parse_flags, shapes
 from mmrl.config import Config, TinyModelConfig
-from mmrl.perf_memory import GIB, peak_gb, reset_peak
+from mmrl.memory.peaks import GIB, peak_gb, reset_peak
 from mmrl.protocol import Batch
 from pipelines.cli import Command
 

@@ -1,6 +1,6 @@
 """Synthetic preference pairs for reward-model training: (prompt, chosen response, rejected response).
 
-The pairs file's format and reading are the library's (:mod:`mmrl.preference_pairs`); :func:`write_pairs`
+The pairs file's format and reading are the library's (:mod:`mmrl.trainer.preference_pairs`); :func:`write_pairs`
 writes one. :func:`synthetic_pairs` makes pairs from labelled prompt rows (the demo tasks): the chosen
 response is the right answer in the trained format; the rejected one is
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.answer_format import ANSWER_TAG, format_answer
-from mmrl.preference_pairs import PreferencePair
+from mmrl.trainer.preference_pairs import PreferencePair
 
 KIND_SHARES = {"wrong_answer": 0.45, "mangled": 0.25, "bad_format": 0.3}
 TAG_EDITS = "</>"

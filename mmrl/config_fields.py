@@ -47,7 +47,7 @@ def num(default: float, *, gt: float | None = None, ge: float | None = None, le:
 
 def auto_size() -> Any:
     """A micro-batch size (rows or tokens): >= 0, where 0, also spelt ``auto``, leaves it to the worker, which
-    sizes a token budget from its model and memory (:mod:`mmrl.budget`)."""
+    sizes a token budget from its model and memory (:mod:`mmrl.memory.budget`)."""
     return field(default=0, metadata={"bounds": Bounds(ge=0), "auto": True})
 
 

@@ -27,7 +27,7 @@ from mmrl.models.tiny import build_tiny_vlm, count_parameters
 from mmrl.trainer.eval_checkpoint import run_eval
 from mmrl.trainer.run import run_rl
 from mmrl.trainer.sft import run_sft
-from mmrl.tracking import redact_uri, tracking_uri
+from mmrl.trainer.tracking import redact_uri, tracking_uri
 from pipelines import data, model
 from pipelines.cli import parse_command
 

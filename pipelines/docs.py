@@ -40,7 +40,7 @@ OUTPUT = ROOT / "docs" / "config.md"
 HEADER = """\
 # Config reference
 
-Generated from the dataclasses in `mmrl/config.py` (and the sections it gathers from the loss and algorithm
+Generated from the dataclasses in `mmrl/config/` (and the sections it gathers from the loss and algorithm
 tables, each declared in its loss's or algorithm's module) by `make docs` (`python -m pipelines.docs`). Do not
 edit this file by hand: change the field or its docstring, then run `make docs`. `make test` fails when this file
 is out of date (`tests/unit/test_docs.py`).
@@ -55,7 +55,7 @@ make rl CONFIG=configs/grpo_image.yaml ARGS="rollout.n=8 actor.lr=1e-4"
 An unknown key, a value of the wrong type, a value outside its bounds, NaN or infinity stops the stage before
 anything starts, with a message that names the key. Bounds: `[a, b]` includes both ends, `(a, b]` excludes
 `a`; `finite` is any finite number. A micro-batch size marked `0 = auto` is sized by each worker from its
-model and memory (`mmrl/budget.py`); `auto` is accepted as a spelling of 0. Some keys belong to one algorithm
+model and memory (`mmrl/memory/budget.py`); `auto` is accepted as a spelling of 0. Some keys belong to one algorithm
 or one loss: setting one that the chosen algorithm does not read is refused ([algorithms.md](algorithms.md)).
 """
 

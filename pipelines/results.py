@@ -87,7 +87,7 @@ def machine() -> dict[str, Any]:
 
 
 def commit() -> str:
-    from mmrl.tracking import git_commit
+    from mmrl.trainer.tracking import git_commit
 
     return git_commit()
 
@@ -128,7 +128,7 @@ def curves(run_id: str, config: str, overrides: list[str]) -> dict[str, list[lis
     from mlflow.tracking import MlflowClient
 
     from mmrl.run_config import load_run_config
-    from mmrl.tracking import tracking_uri
+    from mmrl.trainer.tracking import tracking_uri
 
     client = MlflowClient(tracking_uri(load_run_config(ROOT / config, overrides).tracking))
     out = {}

@@ -29,7 +29,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from mmrl.models.tiny import build_tiny_vlm
-from mmrl.tracking import tracking_uri
+from mmrl.trainer.tracking import tracking_uri
 from mmrl.trainer.eval_checkpoint import run_eval
 from mmrl.trainer.run import run_rl
 from mmrl.trainer.sft import run_sft

@@ -124,7 +124,7 @@ def run_with_a_kill():
     import threading
     import time
 
-    from mmrl.tracking import Tracker
+    from mmrl.trainer.tracking import Tracker
     from mmrl.trainer.rl import RLTrainer
     from benchmarks.probes import ProbedActor
 

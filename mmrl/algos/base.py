@@ -26,9 +26,7 @@ from mmrl.algos.losses import LOSSES
 from mmrl.protocol import Batch
 
 if TYPE_CHECKING:
-    # mmrl.rollout.base.SamplingParams, not imported even for typing: mmrl.config gathers the algorithms' sections
-    # from this package (mmrl.algos.table), and the rollout layer imports the config.
-    SamplingParams = Any
+    from mmrl.rollout.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

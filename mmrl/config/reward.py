@@ -21,7 +21,7 @@ class RewardModelConfig:
     """Sequences per scoring forward; 0/auto: by ``max_tokens_per_micro``."""
     max_tokens_per_micro: int = auto_size()
     """Tokens per scoring forward (prompt + response of each row; it wins over ``micro_batch_size``); 0/auto:
-    sized from the model and the memory at hand (:mod:`mmrl.budget`)."""
+    sized from the model and the memory at hand (:mod:`mmrl.memory.budget`)."""
     placement: Literal["colocate", "separate"] = "colocate"
     """colocate: its ranks share the actor's resource pool; separate: its own pool."""
     vision: VisionPartConfig = field(default_factory=VisionPartConfig)

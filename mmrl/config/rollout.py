@@ -64,7 +64,7 @@ class RolloutConfig:
     max_tokens_per_micro: int = auto_size()
     """hf: tokens per generate call, a sample costing its prompt plus ``max_new_tokens`` (what its KV cache
     holds); it wins over ``micro_batch_size``. 0/auto (with ``micro_batch_size`` 0): sized from the model and the
-    memory at hand (:mod:`mmrl.budget`)."""
+    memory at hand (:mod:`mmrl.memory.budget`)."""
     max_model_len: int = num(0, ge=0)
     """Longest prompt + response an engine accepts; a longer prompt fails before generation, naming the
     sample. 0: the model's ``max_position_embeddings``."""

@@ -107,7 +107,7 @@ class TrackingConfig:
     """Seconds between two samples of the system metrics."""
     log_model: bool = True
     """Log the RL run's final policy as an MLflow model (``policy``: the Hugging Face folder in a pyfunc model
-    whose ``predict`` gives greedy answers; :mod:`mmrl.policy_model`)."""
+    whose ``predict`` gives greedy answers; :mod:`mmrl.trainer.policy_model`)."""
     register_model: str = ""
     """When set, the logged policy is also registered under this name in the model registry."""
 

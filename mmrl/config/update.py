@@ -65,7 +65,7 @@ class UpdateConfig:
     every time without). A row over the budget forms its own micro-batch. All ranks take the largest
     micro-batch count any rank needs, so that sharded forwards stay in step. 0/auto (with ``micro_batch_size``
     0): a budget per pass sized from the model, its activation checkpointing and the memory left after the
-    weights and the optimizer (:mod:`mmrl.budget`); the no-grad passes get a larger one than the update."""
+    weights and the optimizer (:mod:`mmrl.memory.budget`); the no-grad passes get a larger one than the update."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                            "seq-mean-token-sum-norm"] = "token-mean"
     """How per-token losses become one: verl's names; seq-mean-token-sum-norm is Dr. GRPO's (token sums over

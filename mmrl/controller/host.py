@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mmrl.perf_memory import reset_peak
+from mmrl.memory.peaks import reset_peak
 
 # Modules whose import leaves state a worker's teardown cannot undo: a host that imported one is not reused.
 NOT_REUSABLE = ("vllm",)

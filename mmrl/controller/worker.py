@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from mmrl.controller.dispatch import Dispatch, register
-from mmrl.perf_memory import PEAK_KEY, group_peak_gb, peak_gb, reset_peak
+from mmrl.memory.peaks import PEAK_KEY, group_peak_gb, peak_gb, reset_peak
 
 
 def resolve_device(kind: str = "auto", local_rank: int = 0) -> torch.device:
@@ -60,7 +60,7 @@ class Worker:
     @register(Dispatch.ONE_TO_ALL)
     def drop_prompts(self) -> None:
         """A new step: drop the prompt encodings this rank holds (:mod:`mmrl.workers.prompts`), if any, and open
-        the step's peak-memory window (:mod:`mmrl.perf_memory`)."""
+        the step's peak-memory window (:mod:`mmrl.memory.peaks`)."""
         cache = getattr(self, "prompt_cache", None)
         if cache is not None:
             cache.clear()
@@ -80,7 +80,7 @@ class Worker:
 
     @register(Dispatch.ONE_TO_ALL)
     def peak_memory_gb(self) -> float:
-        """This rank's peak memory in the current window (see :mod:`mmrl.perf_memory`), GiB."""
+        """This rank's peak memory in the current window (see :mod:`mmrl.memory.peaks`), GiB."""
         return peak_gb(self.device)
 
     @register(Dispatch.ONE_TO_ALL)

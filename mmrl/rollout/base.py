@@ -8,18 +8,9 @@ from typing import Any, Protocol
 
 import torch
 
-from mmrl.budget import MicroBatching
+from mmrl.memory.budget import MicroBatching
 from mmrl.models.encoding import EncodedPrompt
-
-
-@dataclass
-class SamplingParams:
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 16
-    greedy: bool = False
+from mmrl.rollout.sampling import SamplingParams
 
 
 @dataclass

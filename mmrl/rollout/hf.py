@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from mmrl.budget import MicroBatching, ModelDims, budget_ranges, choose, memory_at_hand, parameter_bytes, token_budget
+from mmrl.memory.budget import MicroBatching, ModelDims, budget_ranges, choose, memory_at_hand, parameter_bytes, token_budget
 from mmrl.config import Config
 from mmrl.models.encoding import EncodedPrompt, vision_token_ids
 from mmrl.models.loading import load_model
@@ -42,7 +42,7 @@ class HFRolloutEngine:
         """``max_model_len``: longest prompt + response allowed; 0: the model's max_position_embeddings.
         ``micro_batch_size`` (samples) / ``max_tokens_per_micro`` (tokens) per generate call, both 0: a token
         budget sized per call from the model and ``memory_bytes``, what the engine's batches may use (None: the
-        memory at hand now, :func:`mmrl.budget.memory_at_hand`)."""
+        memory at hand now, :func:`mmrl.memory.budget.memory_at_hand`)."""
         self.model = model
         self.owns_weights = owns_weights
         text_config = getattr(model.config, "text_config", model.config)
@@ -75,7 +75,7 @@ class HFRolloutEngine:
 
     def batching(self, params: SamplingParams) -> MicroBatching:
         """How :meth:`generate` groups prompts: the configured samples or tokens per call, else a token budget
-        for ``params``' n samples of up to ``max_new_tokens`` (:func:`mmrl.budget.token_budget`)."""
+        for ``params``' n samples of up to ``max_new_tokens`` (:func:`mmrl.memory.budget.token_budget`)."""
         return choose(self.micro_batch_size, self.max_tokens_per_micro, lambda: token_budget(
             self.dims, self.memory_bytes, "rollout", samples_per_prompt=params.n,
             tokens_per_sample=params.max_new_tokens))

@@ -15,7 +15,7 @@ from mmrl.models.loading import grid_pixels, load_processor
 from mmrl.protocol import Batch
 from mmrl.rollout import SamplingParams, build_rollout_engine
 from mmrl.rollout.samples import generate_samples
-from mmrl.tracking import Tracker
+from mmrl.trainer.tracking import Tracker
 from mmrl.trainer.dataset import load_rows
 from mmrl.trainer.evaluation import EvalResult, evaluate, samples_html, samples_table
 from mmrl.trainer.reward_stage import RewardStage

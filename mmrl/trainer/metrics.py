@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from mmrl.controller import WorkerGroup
-from mmrl.perf_memory import PEAK_KEY
+from mmrl.memory.peaks import PEAK_KEY
 from mmrl.protocol import Batch
 from mmrl.trajectory import policy_mask
 

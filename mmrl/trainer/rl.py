@@ -32,7 +32,7 @@ from mmrl.models.loading import check_checkpoint, grid_pixels, load_processor
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
 from mmrl.run_config import prepare_run_config
-from mmrl.tracking import Tracker, console_line
+from mmrl.trainer.tracking import Tracker, console_line
 from mmrl.trainer.checkpoint import CheckpointManager, DriverState, check_resumable, load_driver_state
 from mmrl.trainer.collection import Collection, score_stages
 from mmrl.trainer.dataset import PromptLoader, load_rows

@@ -24,9 +24,9 @@ from mmrl.config import Config
 from mmrl.controller.worker import resolve_device
 from mmrl.models.encoding import EncodedPrompt, collate
 from mmrl.models.loading import load_model, load_processor, save_checkpoint
-from mmrl.preference_pairs import PreferencePair, read_pairs
+from mmrl.trainer.preference_pairs import PreferencePair, read_pairs
 from mmrl.rollout.samples import encode_rows
-from mmrl.tracking import Tracker
+from mmrl.trainer.tracking import Tracker
 from mmrl.trainer.dataset import load_rows, rows_to_batch
 from mmrl.trainer.sft import pad_targets
 from mmrl.trainer.supervised import train_steps

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from mmrl.config import Config
-from mmrl.tracking import Tracker
+from mmrl.trainer.tracking import Tracker
 from mmrl.trainer.checkpoint import load_driver_state, resume_point
 from mmrl.trainer.rl import CURVES, RLTrainer
 

@@ -26,7 +26,7 @@ from mmrl.models.logprobs import response_logprobs
 from mmrl.protocol import Batch
 from mmrl.rollout import RolloutEngine, SamplingParams, build_rollout_engine
 from mmrl.rollout.samples import encode_row, encode_rows, generate_samples
-from mmrl.tracking import Tracker
+from mmrl.trainer.tracking import Tracker
 from mmrl.trainer.dataset import load_rows, rows_to_batch
 from mmrl.trainer.evaluation import evaluate
 from mmrl.trainer.reward_stage import RewardStage

@@ -14,7 +14,7 @@ import torch
 from tqdm import tqdm
 
 from mmrl.config import OptimConfig
-from mmrl.tracking import Tracker
+from mmrl.trainer.tracking import Tracker
 from mmrl.workers.update import build_optimizer
 
 StepFn = Callable[[list[int]], tuple[torch.Tensor, dict[str, float]]]

@@ -16,7 +16,7 @@ from mmrl.algos.aggregation import aggregate
 from mmrl.algos.kl import kl_penalty
 from mmrl.algos.losses import LOSSES
 from mmrl.algos.rollout_correction import IS_WEIGHTS
-from mmrl.budget import MicroBatching
+from mmrl.memory.budget import MicroBatching
 from mmrl.config import ActorConfig, UpdateConfig
 from mmrl.models.logprobs import response_logprobs
 from mmrl.parallel.grads import AllReduce

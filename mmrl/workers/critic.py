@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from mmrl.algos.value_loss import value_loss
-from mmrl.budget import (MicroBatching, ModelDims, memory_at_hand, score_batching, sharers, training_state_bytes,
+from mmrl.memory.budget import (MicroBatching, ModelDims, memory_at_hand, score_batching, sharers, training_state_bytes,
                          update_batching)
 from mmrl.config import Config, CriticConfig
 from mmrl.controller import Dispatch, register

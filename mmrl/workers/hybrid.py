@@ -33,7 +33,7 @@ import torch
 from mmrl.agent.rollout import AgentRollout
 from mmrl.algos import ALGORITHMS, LOSSES, needs_reference, policy_loss
 from mmrl.algos.rollout_correction import IS_WEIGHTS
-from mmrl.budget import (MicroBatching, ModelDims, memory_at_hand, score_batching, sharers, training_state_bytes,
+from mmrl.memory.budget import (MicroBatching, ModelDims, memory_at_hand, score_batching, sharers, training_state_bytes,
                          update_batching)
 from mmrl.config import Config
 from mmrl.controller import Dispatch, register
@@ -124,7 +124,7 @@ class ActorRolloutRefWorker(CheckpointedWorker):
 
     def memory_for_passes(self) -> int:
         """Bytes this rank's passes may use: its share of the memory at hand, less the gradients and AdamW state
-        the actor's optimizer has yet to allocate (:mod:`mmrl.budget`)."""
+        the actor's optimizer has yet to allocate (:mod:`mmrl.memory.budget`)."""
         share = sharers(self.cfg, self.device.type, ALGORITHMS[self.cfg.algorithm.name].needs_critic)
         return memory_at_hand(self.device, share) - training_state_bytes(self.actor.trainable())
 

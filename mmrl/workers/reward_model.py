@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from mmrl.algos import ALGORITHMS
-from mmrl.budget import ModelDims, memory_at_hand, score_batching, sharers
+from mmrl.memory.budget import ModelDims, memory_at_hand, score_batching, sharers
 from mmrl.config import Config
 from mmrl.controller import Dispatch, Worker, register
 from mmrl.models.encoding import collate

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mmrl.budget import MicroBatching, ModelDims, memory_at_hand, training_state_bytes, update_batching
+from mmrl.memory.budget import MicroBatching, ModelDims, memory_at_hand, training_state_bytes, update_batching
 from mmrl.config import UpdateConfig
 from mmrl.parallel.grads import AllReduce, clip_grad_norm, sum_replicated_grads
 from mmrl.parallel.sharding import Layout
@@ -85,7 +85,7 @@ class DataParallelUpdater:
     def __init__(self, layout: Layout, cfg: UpdateConfig, device: torch.device, all_reduce: AllReduce,
                  micro: MicroBatching | None = None) -> None:
         """``micro``: the update's micro-batching; None: ``cfg``'s settings, or a token budget sized from the model
-        and the memory at hand now (:func:`mmrl.budget.update_batching`)."""
+        and the memory at hand now (:func:`mmrl.memory.budget.update_batching`)."""
         self.layout, self.cfg, self.device, self.all_reduce = layout, cfg, device, all_reduce
         self.micro = micro or update_batching(
             cfg, ModelDims.of(layout.root.core, lm_head=self.lm_head),

@@ -14,7 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from data_prep.zoom_task import write_zoom_splits
-from mmrl.tracking import Tracker
+from mmrl.trainer.tracking import Tracker
 from mmrl.trainer.rl import RLTrainer
 from pipelines import data as data_stage
 from benchmarks.probes import DyingEpisodeActor, ScriptedCallsActor, ScriptedCallsRollout

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from data_prep.parquet import write_parquet
 from data_prep.pixels import encode_png
 
-from mmrl.tracking import Tracker
+from mmrl.trainer.tracking import Tracker
 from mmrl.trainer.checkpoint import load_driver_state, resume_point
 from mmrl.trainer.rl import RLTrainer
 from benchmarks.probes import UnreliableRollout

@@ -1,4 +1,4 @@
-"""Automatic micro-batch budgets (mmrl.budget): the sizing against hand-computed values, explicit settings
+"""Automatic micro-batch budgets (mmrl.memory.budget): the sizing against hand-computed values, explicit settings
 winning, and what the budgets do to the micro-batches at the demo's and at real shapes."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmrl.budget import (AUTO_CHUNK_BYTES, CPU_CAP_BYTES, MicroBatching, ModelDims, budget_ranges, bytes_per_token,
+from mmrl.memory.budget import (AUTO_CHUNK_BYTES, CPU_CAP_BYTES, MicroBatching, ModelDims, budget_ranges, bytes_per_token,
                          choose, fixed_bytes, mem_available_bytes, memory_at_hand, sharers, token_budget,
                          training_state_bytes)
 from mmrl.config import ActorConfig, Config, load_config

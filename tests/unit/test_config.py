@@ -1,7 +1,4 @@
-import ast
 import dataclasses
-import subprocess
-import sys
 import typing
 from pathlib import Path
 

@@ -4,7 +4,7 @@ tokens raises the worker's peak memory by far less than one float32 (56, 64, V) 
 The actor's own update path (:class:`~mmrl.workers.actor.PolicyUpdater` over a one-rank layout) runs on a tiny
 Qwen2.5-VL whose vocabulary is padded to the real size; its widths are tiny, so that what could grow with the
 micro-batch is the vocabulary's share (the logits), not the decoder's activations. Memory is the worker's own
-measurement (:mod:`mmrl.perf_memory`: on CPU the peak RSS of the process in a window opened after a trim).
+measurement (:mod:`mmrl.memory.peaks`: on CPU the peak RSS of the process in a window opened after a trim).
 The gradient sum and clip after the backward hold no copy of the gradients either.
 """
 
@@ -21,7 +21,7 @@ from mmrl.models.families.qwen2_5_vl import QWEN2_5_VL
 from mmrl.models.forward import PolicyForward
 from mmrl.models.logprobs import policy_log_softmax
 from mmrl.parallel.sharding import shard_parts
-from mmrl.perf_memory import GIB, peak_gb, reset_peak
+from mmrl.memory.peaks import GIB, peak_gb, reset_peak
 from mmrl.protocol import Batch
 from mmrl.workers.actor import LogProbSpec, PolicyUpdater
 from pipelines.model import task_corpus

@@ -16,7 +16,7 @@ from mmrl.models.encoding import collate, encode_prompt
 from mmrl.models.forward import ValueModel, core_model
 from mmrl.models.loading import load_model, load_processor, save_checkpoint
 from mmrl.models.tiny import build_tiny_vlm
-from mmrl.preference_pairs import read_pairs
+from mmrl.trainer.preference_pairs import read_pairs
 from mmrl.trainer.groups import check_same_tokenizer
 from mmrl.trainer.rl import RLTrainer
 from mmrl.trainer.rm import bradley_terry_loss, response_ids

@@ -3,7 +3,7 @@
 import pytest
 import ray
 
-from mmrl.tracking import MAX_METRIC_NAME, metric_name, redact_uri
+from mmrl.trainer.tracking import MAX_METRIC_NAME, metric_name, redact_uri
 from mmrl.trainer.rl import RLTrainer
 
 
@@ -48,7 +48,7 @@ def test_a_missing_init_checkpoint_fails_before_ray_starts(tiny_config, tmp_path
 def test_a_hostile_data_source_reaches_mlflow_as_a_valid_name(tiny_config):
     from mlflow.tracking import MlflowClient
 
-    from mmrl.tracking import Tracker
+    from mmrl.trainer.tracking import Tracker
 
     tracker = Tracker(tiny_config, "names", "run", stage="eval")
     tracker.log_metrics({"val/my data (v2)/../x/acc": 0.5, "reward/a+b/mean": 1.0}, step=1)
@@ -58,7 +58,7 @@ def test_a_hostile_data_source_reaches_mlflow_as_a_valid_name(tiny_config):
 
 
 def test_a_resumed_tracker_continues_the_same_run_and_reads_its_history(tiny_config):
-    from mmrl.tracking import Tracker
+    from mmrl.trainer.tracking import Tracker
 
     first = Tracker(tiny_config, "resume", "run", stage="rl")
     first.log_metrics({"critic/score/mean": 0.25}, step=1)

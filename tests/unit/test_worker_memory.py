@@ -1,4 +1,4 @@
-"""The peak-memory window of a worker (``perf/max_memory_gb``, :mod:`mmrl.perf_memory`)."""
+"""The peak-memory window of a worker (``perf/max_memory_gb``, :mod:`mmrl.memory.peaks`)."""
 
 import sys
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mmrl.controller.worker import Worker
-from mmrl.perf_memory import GIB, live_gb, peak_gb, reset_peak
+from mmrl.memory.peaks import GIB, live_gb, peak_gb, reset_peak
 
 MIB = 2**20 / GIB  # one MiB in GiB
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -9,7 +9,7 @@ import math
 from mlflow.tracking import MlflowClient
 
 from mmrl.models.loading import load_processor
-from mmrl.tracking import Tracker
+from mmrl.trainer.tracking import Tracker
 from mmrl.trainer.checkpoint import load_driver_state
 from mmrl.trainer.rl import RLTrainer
 from mmrl.trainer.run import run_rl

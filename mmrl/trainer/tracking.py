@@ -170,8 +170,8 @@ class Tracker:
         mlflow.log_table(data, artifact_file)
 
     def log_model(self, checkpoint: str, register_as: str = "") -> None:
-        """The Hugging Face folder ``checkpoint`` as the run's ``policy`` MLflow model (:mod:`mmrl.policy_model`)."""
-        from mmrl.policy_model import log_policy
+        """The Hugging Face folder ``checkpoint`` as the run's ``policy`` MLflow model (:mod:`mmrl.trainer.policy_model`)."""
+        from mmrl.trainer.policy_model import log_policy
 
         log_policy(checkpoint, register_as)
 
