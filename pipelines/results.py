@@ -314,7 +314,10 @@ def repeats(records: list[dict[str, Any]]) -> list[str]:
              "twice on an idle 2-core Xeon, logged full-precision MLflow metrics identical up to step 44, then "
              "parted in the 8th digit of the update's loss (runs at four later commits parted from the first "
              "between steps 45 and 104; the two that ran to the end reached 0.998 as it did). A run that shares "
-             "the CPU with other work parts sooner. The cause inside the CPU kernels is not found yet. "
+             "the CPU with other work parts sooner. A likely cause is MKL, whose float kernels may take another "
+             "path with another memory alignment: with MKL_CBWR=AUTO,STRICT set, two runs of that demo logged "
+             "identical full-precision metrics through step 112 (where they were stopped). That setting rounds "
+             "differently from step 1, so it is not the default: every record here was run without it. "
              "Between machines a run need not repeat: the float kernels torch and MKL pick for a CPU (its vector "
              "units) round differently, the first update differs in its last bits, and within a few steps the "
              "sampler draws other rollouts; the machine column says where each run ran.", "",
