@@ -66,7 +66,7 @@ def test_the_family_is_read_from_the_checkpoint(loaded, family_dirs):
 
 
 def test_model_family_takes_exactly_the_registered_names():
-    """config.py imports nothing from the library, so its list of families is checked against the table."""
+    """The config does not import the families (they bring transformers), so its list is checked against the table."""
     assert typing.get_args(typing.get_type_hints(ModelConfig)["family"]) == tuple(FAMILIES)
     with pytest.raises(ValueError, match="model.family"):
         load_config(None, ["model.family=llava"])
