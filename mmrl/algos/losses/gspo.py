@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from mmrl.algos.aggregation import aggregate
+from mmrl.algos.losses.metrics import clip_metrics
 from mmrl.algos.losses.spec import LossSpec, clip_settings
 
 
@@ -38,12 +39,7 @@ def gspo_loss(
     clipped = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
     per_token = torch.maximum(unclipped, clipped)
     loss = aggregate(per_token, mask, agg_mode, denominator, horizon)
-    valid = mask.sum().clamp(min=1)
-    with torch.no_grad():
-        metrics = {
-            "pg_clipfrac": float(((clipped > unclipped).float() * mask).sum() / valid),
-            "ppo_kl": float((-log_ratio * mask).sum() / valid),
-        }
+    metrics = clip_metrics(clipped, unclipped, log_ratio, mask)
     return loss, metrics
 
 

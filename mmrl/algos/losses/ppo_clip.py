@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from mmrl.algos.aggregation import aggregate
+from mmrl.algos.losses.metrics import clip_metrics, token_mean
 from mmrl.algos.losses.spec import LossSpec, clip_settings
 
 
@@ -45,14 +46,9 @@ def ppo_clip_loss(
         capped = negative & (per_token > cap)
         per_token = torch.where(negative, torch.minimum(per_token, cap), per_token)
     loss = aggregate(per_token, mask, agg_mode, denominator, horizon)
-    valid = mask.sum().clamp(min=1)
-    with torch.no_grad():
-        metrics = {
-            "pg_clipfrac": float(((clipped > unclipped).float() * mask).sum() / valid),
-            "ppo_kl": float((-log_ratio * mask).sum() / valid),
-        }
-        if clip_ratio_c is not None:
-            metrics["pg_clipfrac_lower"] = float((capped.float() * mask).sum() / valid)
+    metrics = clip_metrics(clipped, unclipped, log_ratio, mask)
+    if clip_ratio_c is not None:
+        metrics["pg_clipfrac_lower"] = token_mean(capped.float(), mask)
     return loss, metrics
 
 
