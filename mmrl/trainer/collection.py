@@ -20,7 +20,7 @@ import torch
 from mmrl.algos import Algorithm, RolloutContext
 from mmrl.config import Config
 from mmrl.protocol import Batch
-from mmrl.rollout.base import SamplingParams
+from mmrl.rollout.sampling import SamplingParams
 from mmrl.trainer.episodes import GuideRunner, SingleTurn
 from mmrl.trainer.guidance import Guidance
 from mmrl.trainer.pass_rates import PassRates

@@ -30,7 +30,7 @@ from mmrl.config import Config
 from mmrl.controller import WorkerFailure
 from mmrl.models.loading import check_checkpoint, grid_pixels, load_processor
 from mmrl.protocol import Batch
-from mmrl.rollout.base import SamplingParams
+from mmrl.rollout.sampling import SamplingParams
 from mmrl.run_config import prepare_run_config
 from mmrl.trainer.tracking import Tracker, console_line
 from mmrl.trainer.checkpoint import CheckpointManager, DriverState, check_resumable, load_driver_state

@@ -7,7 +7,7 @@ in its own module and add one line here.
 from __future__ import annotations
 
 from mmrl.config import Config
-from mmrl.rollout.base import SamplingParams
+from mmrl.rollout.sampling import SamplingParams
 from mmrl.trainer.sources.base import RolloutSource
 from mmrl.trainer.sources.hybrid import HybridRollouts
 from mmrl.trainer.sources.pool import PoolRollouts

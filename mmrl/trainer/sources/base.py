@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from mmrl.controller import WorkerGroup
 from mmrl.controller.session import worker_shape
 from mmrl.protocol import Batch
-from mmrl.rollout.base import SamplingParams
+from mmrl.rollout.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from mmrl.config import Config, ResourcesConfig

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from mmrl.protocol import Batch
-from mmrl.rollout.base import SamplingParams
+from mmrl.rollout.sampling import SamplingParams
 from mmrl.trainer.sources.base import Generate, RolloutSource
 
 

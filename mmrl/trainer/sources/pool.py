@@ -39,7 +39,7 @@ from mmrl.controller.session import worker_shape
 from mmrl.controller.worker import resolve_device
 from mmrl.controller.worker_group import Pending
 from mmrl.protocol import Batch
-from mmrl.rollout.base import SamplingParams
+from mmrl.rollout.sampling import SamplingParams
 from mmrl.trainer.sources.base import Generate, RolloutSource, Timer
 from mmrl.trainer.weight_transport import build_transport
 from mmrl.workers.rollout_worker import RolloutWorker
