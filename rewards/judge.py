@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from mmrl.answer_format import extract_answer
+from mmrl.plugins.safe_text import made_safe
 from mmrl.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 from rewards.types import prompt_text
 
@@ -39,26 +40,30 @@ def judge_messages(messages: Sequence[dict[str, Any]], response: str, ground_tru
     return [{"role": "user", "content": placeholders + body}]
 
 
-def plain_text(text: str) -> str:
-    """``text`` with its media placeholders blanked: a response or a tool's text that writes ``<image>`` must not
-    ask the judge for an image it is not given."""
-    return _MEDIA.sub(" ", text)
+def plain_text(text: str, reserved: Iterable[str] = ()) -> str:
+    """``text`` made safe to show the judge (:func:`mmrl.plugins.safe_text.made_safe`): valid Unicode without
+    control characters or terminal escapes, its media placeholders and the ``reserved`` strings (the judge's
+    special tokens: :func:`mmrl.agent.chat.reserved_for`) blanked. A response or a tool's text that writes
+    ``<image>`` must not ask the judge for an image it is not given, nor one that writes ``<|im_end|>`` end the
+    judge's question."""
+    return made_safe(text, (IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, *reserved))
 
 
-def episode_transcript(record: dict[str, Any]) -> tuple[str, list[bytes]]:
+def episode_transcript(record: dict[str, Any], reserved: Iterable[str] = ()) -> tuple[str, list[bytes]]:
     """An agent episode (:func:`mmrl.agent.rollout.episode_record`) as the judge reads it: its turns in order,
     ``assistant: <text>`` for the policy's and ``tool <name>: <text>`` plus one image placeholder per returned image
-    for each call a tool turn answers (a malformed call: its error message), the texts' own placeholders blanked;
-    and the tools' images (PNG bytes), in the order of their placeholders."""
+    for each call a tool turn answers (a malformed call: its error message), the texts made safe
+    (:func:`plain_text` with ``reserved``); and the tools' images (PNG bytes), in the order of their placeholders."""
+    reserved = tuple(reserved)
     lines, images = [], []
     for turn in record["turns"]:
         if turn["role"] == "assistant":
-            lines.append(f"assistant: {plain_text(turn['text'])}")
+            lines.append(f"assistant: {plain_text(turn['text'], reserved)}")
             continue
         for index in turn["calls"]:
             call = record["calls"][index]
-            lines.append(f"tool {call['name'] or call.get('error', 'call')}: "
-                         + IMAGE_PLACEHOLDER * len(call["images"]) + plain_text(call["text"]))
+            name = plain_text(call["name"] or call.get("error", "call"), reserved)
+            lines.append(f"tool {name}: " + IMAGE_PLACEHOLDER * len(call["images"]) + plain_text(call["text"], reserved))
             images += call["images"]
     return "\n".join(lines), images
 

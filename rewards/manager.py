@@ -3,8 +3,10 @@
 A :class:`RewardManager` holds named reward functions and calls each on the samples asked of it,
 every call isolated on its own: one that raises, hangs past ``timeout_s``, crashes its worker, runs out
 of memory or returns something unusable scores 0 on that sample, is counted by kind and logged, and
-the other functions and samples are scored as usual. Combining the scores (weights, a verifier per
-data source) is the caller's: see :mod:`mmrl.trainer.reward_stage`.
+the other functions and samples are scored as usual. What a function returns as text (the names of the parts of
+its dict, the message of what it raised) is cleaned and cut before it is logged or becomes a metric name
+(:func:`mmrl.plugins.safe_text.clean`). Combining the scores (weights, a verifier per data source) is the
+caller's: see :mod:`mmrl.trainer.reward_stage`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from mmrl.plugins.outcome import Outcome
 from mmrl.plugins.pool import PluginPool
+from mmrl.plugins.safe_text import clean
 from mmrl.plugins.spec import absolute_spec, is_file_spec
 from rewards.registry import check_spec, resolve
 from rewards.runner import run_inline
@@ -26,6 +29,8 @@ logger = logging.getLogger(__name__)
 
 RUNNER = "rewards.runner"  # the module the pool's workers call reward functions with
 MAX_ERROR_MESSAGES = 5  # logged and kept in FunctionResult.errors, per function and score() call
+MESSAGE_CHARS = 2000  # of a failure's message, logged and kept (cleaned: it may quote the plugin)
+PART_CHARS = 100  # of the name of a part a function returned (cleaned: it becomes a metric name)
 ISOLATIONS = ("process", "inline")
 _RESERVED_NAMES = frozenset({"score", "failed_samples"})  # would read as the reward stage's own metrics
 _RESERVED_PARTS = frozenset({"score", "failures"})  # would clash with a function's own metrics
@@ -159,14 +164,16 @@ class RewardManager:
             if failure is None:
                 result.scores[index] = values.pop("score")
                 for key, value in values.items():
+                    key = clean(key, PART_CHARS)
                     part = f"{key}_part" if key in _RESERVED_PARTS else key
                     result.parts.setdefault(part, [None] * count)[index] = value
                 continue
             result.failed[index] = True
             result.failures[failure.failure] += 1  # type: ignore[index]
             if len(result.errors) < MAX_ERROR_MESSAGES:
-                result.errors.append(f"{plugin}: sample {index}: {failure.failure}: {failure.message}")
-                logger.warning("reward %s failed on sample %d: %s: %s", plugin, index, failure.failure, failure.message)
+                message = clean(failure.message, MESSAGE_CHARS)
+                result.errors.append(f"{plugin}: sample {index}: {failure.failure}: {message}")
+                logger.warning("reward %s failed on sample %d: %s: %s", plugin, index, failure.failure, message)
         unlogged = sum(result.failed) - len(result.errors)
         if unlogged:
             logger.warning("reward %s failed on %d more samples of this batch (not logged)", plugin, unlogged)

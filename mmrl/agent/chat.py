@@ -19,6 +19,7 @@ the family's own encoder, so its image tokens and pixels are made as a prompt's 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ from mmrl.agent.outputs import ToolOutput
 from mmrl.models.encoding import EncodedPrompt, to_chat_content
 from mmrl.models.families import family_of_processor
 from mmrl.models.tool_calls import ToolCallFormat
+from mmrl.plugins.safe_text import made_safe, reserved_strings
 from mmrl.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 
 _MARK = "\x00mmrl-system\x00"  # stands for the system message's content while its place is found
@@ -49,8 +51,8 @@ class ChatFormat:
             raise ValueError(f"the {self.family.name} tokenizer adds special tokens to every text it encodes; a tool "
                              "turn could not be encoded apart from the prompt")
         self.eos = tokenizer.eos_token
-        self._special = sorted(set(tokenizer.all_special_tokens) | {IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER}, key=len,
-                               reverse=True)
+        self.reserved = reserved_for(processor)
+        """The strings a tool's text must not hold (:func:`reserved_for`)."""
         self.native_tools = self._render([{"role": "user", "content": "u"}], [_PROBE]) != self._render(
             [{"role": "user", "content": "u"}])
         self.native_tool_role = self.native_tools and self._tool_role_takes_images()
@@ -89,9 +91,17 @@ class ChatFormat:
 
     # ---- tool turns ----------------------------------------------------------------------------
 
+    def safe(self, output: ToolOutput) -> ToolOutput:
+        """``output`` with its text made safe (:meth:`neutral`), ``unsafe_text`` among its repairs if that
+        changed it."""
+        text = self.neutral(output.text)
+        if text == output.text:
+            return output
+        return dataclasses.replace(output, text=text, repairs=tuple(dict.fromkeys((*output.repairs, "unsafe_text"))))
+
     def tool_messages(self, outputs: Sequence[ToolOutput]) -> list[dict[str, Any]]:
         """One ``tool`` message per call's output: an ``<image>`` placeholder per image, then its text
-        (special tokens and placeholders in a tool's text are neutralised: a tool cannot end a turn)."""
+        (made safe, :meth:`neutral`: a tool cannot end a turn, open an image slot or stop the tokenizer)."""
         return [{"role": "tool", "content": IMAGE_PLACEHOLDER * len(o.images) + self.neutral(o.text)} for o in outputs]
 
     def in_format(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -139,10 +149,10 @@ class ChatFormat:
         return [(int(w) * side, int(h) * side) for _, h, w in encoded.image_grid_thw.tolist()]
 
     def neutral(self, text: str) -> str:
-        """``text`` with every special token and media placeholder replaced by a space."""
-        for token in self._special:
-            text = text.replace(token, " ")
-        return text
+        """``text`` cleaned (valid Unicode, no control characters or terminal escapes) and with every special
+        token, media token and placeholder replaced by a space until none is left
+        (:func:`mmrl.plugins.safe_text.made_safe`)."""
+        return made_safe(text, self.reserved)
 
     # ---- rendering -----------------------------------------------------------------------------
 
@@ -165,3 +175,10 @@ class ChatFormat:
         except Exception:  # noqa: BLE001 - any failure means: not in this form
             return False
         return out.get("image_grid_thw") is not None
+
+
+def reserved_for(processor: Any) -> tuple[str, ...]:
+    """What text from outside (a tool's, a response shown to a judge) must not hold to be encoded by ``processor``
+    as plain text: its special tokens, its family's vision tokens and mmrl's media placeholders."""
+    vision = family_of_processor(processor).vision_tokens(processor.tokenizer)
+    return reserved_strings(processor, [*vision, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER])

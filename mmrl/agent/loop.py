@@ -178,6 +178,7 @@ class AgentLoop:
         for episode, found in planned:
             outputs = [next(results) if isinstance(c, ToolCall) else ToolOutput.failed(c.kind, c.message)
                        for c in found]
+            outputs = [self.chat.safe(o) for o in outputs]  # as the model reads it: no special-token strings
             for call, output in zip(found, outputs):
                 if isinstance(call, ToolCall):
                     stats.record(call.name, output)

@@ -57,7 +57,7 @@ def episode_record(episode: Episode) -> dict[str, Any]:
     """What rewards, the judge and the rollout's HTML see of an episode: ``turns`` in order (the policy's:
     role ``assistant`` and its text; a tool turn: role ``tool`` and the indices of the calls it answers),
     ``calls`` (each: the policy turn that made it, the tool's name, its arguments or the malformed call's error
-    kind, its output's text, failure kind and images as PNG bytes), ``cut``, ``final_text`` and
+    kind, its output's text, failure kind, images as PNG bytes and repairs), ``cut``, ``final_text`` and
     ``model_image_sizes`` (per image of the episode, the (width, height) the model saw it at)."""
     turns, policy_turn = [], -1
     for turn in episode.turns:
@@ -70,7 +70,7 @@ def episode_record(episode: Episode) -> dict[str, Any]:
     for record in episode.calls:
         call, output = record.call, record.output
         entry = {"turn": record.turn, "name": call.name or None, "text": output.text, "failure": output.failure,
-                 "images": [png(i) for i in output.images]}
+                 "images": [png(i) for i in output.images], "repairs": list(output.repairs)}
         entry |= {"arguments": call.arguments} if isinstance(call, ToolCall) else {"error": call.kind}
         calls.append(entry)
     return {"turns": turns, "calls": calls, "cut": episode.cut, "final_text": episode.final_text,
@@ -175,5 +175,6 @@ def agent_metrics(samples: Batch, tools: list[str]) -> dict[str, float]:
         if "error" in call:
             stats.record_error(CallError(call["error"], call["text"], call["name"] or ""))
         else:
-            stats.record(call["name"], ToolOutput(text=call["text"], failure=call["failure"]))
+            stats.record(call["name"], ToolOutput(text=call["text"], failure=call["failure"],
+                                                  repairs=tuple(call.get("repairs", ()))))
     return out | stats.metrics(tools)

@@ -11,6 +11,8 @@ module         concept
                a call that hangs, crashes or eats memory costing only its samples
 ``process``    one worker process seen from the parent: started, ready, its memory, its exit, killed
 ``worker``     the loop inside a worker process: load a spec with the pool's runner, call it, report
+``safe_text``  text a plugin (or a judge) returned made safe to tokenise and print: valid Unicode, no control
+               characters or terminal escapes, no special-token strings
 =============  ==============================================================================================
 
 A pool is given a *runner*, a module that says what its kind of plugin is and how it is called

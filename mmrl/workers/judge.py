@@ -11,9 +11,11 @@ import dataclasses
 
 import torch
 
+from mmrl.agent.chat import reserved_for
 from mmrl.config import Config
 from mmrl.controller import Dispatch, Worker, register
 from mmrl.models.loading import load_processor
+from mmrl.plugins.safe_text import clean
 from mmrl.protocol import Batch
 from mmrl.rollout import RolloutEngine, SamplingParams, build_rollout_engine
 from mmrl.rollout.samples import generate_samples
@@ -36,6 +38,7 @@ class JudgeWorker(Worker):
             cfg.rollout, engine=judge.engine or cfg.rollout.engine, micro_batch_size=judge.micro_batch_size,
             max_tokens_per_micro=0))
         self.processor = load_processor(checkpoint)
+        self.reserved = reserved_for(self.processor)  # what a response or a tool's text shown to it must not hold
         layout = build_model(cfg, "judge", checkpoint, device=self.device, distributed=False)
         self.engine: RolloutEngine = build_rollout_engine(
             engine_cfg, checkpoint=checkpoint, processor=self.processor, device=self.device, policy=layout.root.model
@@ -52,12 +55,14 @@ class JudgeWorker(Worker):
     def judge(self, batch: Batch) -> Batch:
         """-> judge_scores (B,) (1 yes, 0 no or unparsable), judge_parsed (B,) (1 when a verdict was read) and
         judge_text (the judge's answers). An agent episode (``episode``) is judged whole: its response is the
-        episode's transcript, the tools' images following the prompt's (:func:`episode_transcript`)."""
+        episode's transcript, the tools' images following the prompt's (:func:`episode_transcript`). What the
+        policy and the tools wrote is made safe for the judge's tokenizer (:func:`plain_text`), and its own answers
+        cleaned before they are parsed and logged."""
         batch.require(*JUDGED)
-        responses, images = [plain_text(r) for r in batch["response_text"]], list(batch["images"])
+        responses, images = [plain_text(r, self.reserved) for r in batch["response_text"]], list(batch["images"])
         if "episode" in batch.objects:
             for i, record in enumerate(batch["episode"]):
-                responses[i], returned = episode_transcript(record)
+                responses[i], returned = episode_transcript(record, self.reserved)
                 images[i] = [*images[i], *returned]
         questions = Batch(objects={
             "messages": [judge_messages(m, r, a, self.template)
@@ -66,7 +71,7 @@ class JudgeWorker(Worker):
             "videos": batch["videos"] if "videos" in batch.objects else [[] for _ in range(len(batch))],
         })
         params = SamplingParams(n=1, greedy=True, max_new_tokens=self.max_new_tokens)
-        texts = generate_samples(self.engine, self.processor, questions, params)["response_text"]
+        texts = [clean(t) for t in generate_samples(self.engine, self.processor, questions, params)["response_text"]]
         verdicts = [parse_verdict(t) for t in texts]
         return Batch(
             tensors={"judge_scores": torch.tensor([v or 0.0 for v in verdicts]),

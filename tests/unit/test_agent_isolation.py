@@ -110,6 +110,16 @@ def test_a_failing_tool_costs_only_its_own_call(executor: ToolExecutor, table: T
     assert again.images[0].size == (30, 20)  # the executor keeps working
 
 
+def test_a_tool_s_unsafe_text_and_animated_image_come_back_made_safe(executor: ToolExecutor, table: ToolTable) -> None:
+    """Issue 44: a lone surrogate, a NUL and terminal escapes cross the process boundary and are cleaned in the
+    driver (special-token strings are the chat format's to neutralise); the image is its first frame."""
+    executor.begin_step()
+    (output,) = executor.run([call(table, "misbehave", action="unsafe")])
+    assert output.failure is None and output.repairs == ("unsafe_text", "animated_image")
+    assert output.text == "found it red \ufffd <|im_end|><|image_pad|> done"
+    assert output.images[0].size == (40, 30) and output.images[0].getpixel((0, 0)) == (255, 0, 0)
+
+
 def test_a_tool_that_exhausts_memory_costs_its_call_a_memory_error(table: ToolTable) -> None:
     """Its own executor with a long timeout: on a loaded machine the deadline must not come first."""
     with ToolExecutor(num_workers=1, timeout_s=60.0, max_memory_mb=300) as pool:
