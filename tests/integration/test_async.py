@@ -1,24 +1,34 @@
 """The async mode on real Ray pools: with max_staleness=0 it trains on exactly what the sync mode does; with a slow
 rollout rank that dies once, no sample older than max_staleness is trained on and the pool is replaced without
-stopping the trainer; a resumed run trains the prompts the interrupted one had in flight."""
+stopping the trainer; a resumed run trains the prompts the interrupted one had in flight; a rollout rank frozen
+mid-run is caught by its deadline and replaced, every step still training one whole, fresh batch; evaluation
+waits for the batches in flight and survives a failed pool."""
 
 import copy
+import json
+import os
 import shutil
+import signal
+import time
+from types import SimpleNamespace
 
+import psutil
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from PIL import Image
 from safetensors.torch import load_file
 
+from benchmarks.probes import UnreliableRollout
 from data_prep.parquet import write_parquet
 from data_prep.pixels import encode_png
-
-from mmrl.trainer.tracking import Tracker
+from mmrl.controller import Dispatch, WorkerFailure, register
 from mmrl.trainer.checkpoint import load_driver_state, resume_point
-from mmrl.trainer.rl import RLTrainer
-from benchmarks.probes import UnreliableRollout
 from mmrl.trainer.dataset import PromptLoader, load_rows
+from mmrl.trainer.rl import RLTrainer
+from mmrl.trainer.sources.pool import InFlight, PoolRollouts
+from mmrl.trainer.tracking import Tracker
+from mmrl.workers.rollout_worker import RolloutWorker
 
 
 def recording(cfg, worker: type | None = None) -> RLTrainer:
@@ -142,6 +152,147 @@ def test_a_ppo_run_with_a_slow_dying_rollout_rank_stays_fresh_and_resumes_with_i
     metrics = client.get_run(run_id).data.metrics
     assert 0 < metrics["actor/rollout_is_max"] <= cfg.actor.rollout_is_cap and "critic/vf_loss" in metrics
     assert metrics["async/rollout_restarts"] == 0 and resumed.source.rollout_restarts == 0
+
+
+def hanging_rollout(on_call: int) -> type:
+    """A rollout worker class whose rank 0 freezes its own process with SIGSTOP (as a stuck process would be: alive,
+    silent) at its ``on_call``-th generation batch, once per run: it first leaves ``<trainer.out_dir>/rollout_hung``
+    (its pid, the time) behind, and the rebuilt pool's ranks find it and go on. Defined here, so Ray ships it by
+    value."""
+
+    class HangingRollout(RolloutWorker):
+        @register(Dispatch.ONE_TO_ALL)
+        def init_model(self, cfg, checkpoint, transport=None):
+            self.calls, self.marker = 0, os.path.join(cfg.trainer.out_dir, "rollout_hung")
+            return super().init_model(cfg, checkpoint, transport)
+
+        @register(Dispatch.DP_COMPUTE, fields=("messages", "images"), prompts=True, keep_prompts=False)
+        def generate(self, prompts, params):
+            self.calls += 1
+            if self.rank == 0 and self.calls == on_call and not os.path.exists(self.marker):
+                os.makedirs(os.path.dirname(self.marker), exist_ok=True)
+                with open(self.marker, "w") as f:
+                    json.dump({"pid": os.getpid(), "at": time.time()}, f)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            return super().generate(prompts, params)
+
+    return HangingRollout
+
+
+def watch_restarts(source) -> list[dict]:
+    """Each rebuild of ``source``'s rollout pool: its failure and how long after the trainer began to wait for a
+    batch it came."""
+    restarts, waits = [], []
+    take, restart = source.take, source.restart_pool
+
+    def timed_take():
+        waits.append(time.monotonic())
+        return take()
+
+    def recorded_restart(failure):
+        restarts.append({"failure": str(failure), "after_s": time.monotonic() - waits[-1]})
+        restart(failure)
+
+    source.take, source.restart_pool = timed_take, recorded_restart
+    return restarts
+
+
+def ended(pid: int, within_s: float) -> bool:
+    """Whether process ``pid`` is gone (or a zombie: dead, not yet reaped) within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_a_rollout_rank_frozen_mid_run_is_caught_by_its_deadline_and_replaced(tiny_config, tmp_path):
+    """GRPO in async mode, max_staleness=1, trainer.step_timeout_s=10 s: the rollout rank freezes its process (SIGSTOP)
+    at its second batch, with the third queued behind it. The trainer's wait for that batch passes its deadline ten
+    seconds after it began (not a death: the process lives), the pool is replaced (the stopped process killed) and
+    both batches in flight are generated again with the newest weights; the trainer never restarts. Each of the 3
+    steps trains one whole batch, the loader's next, none older than max_staleness; the rebuilt pool evaluates."""
+    timeout = 10.0  # the tiny run's calls take about a second on 2 loaded cores
+    cfg = configured(tiny_config, tmp_path / "hang", mode="async", max_staleness=1, step_timeout_s=timeout)
+    trainer = recording(cfg, hanging_rollout(on_call=2))
+    restarts = watch_restarts(trainer.source)
+    started = time.monotonic()
+    run_id = fit(trainer, cfg)
+    print(f"hung-rank run: {time.monotonic() - started:.1f} s; restarts {restarts}")
+
+    hung = json.loads((tmp_path / "hang" / "rollout_hung").read_text())
+    assert len(restarts) == 1 and "treating them as hung" in restarts[0]["failure"]  # the deadline, not a death
+    assert timeout - 0.5 <= restarts[0]["after_s"] < timeout + 10  # ray.wait may return a few ms early
+    assert trainer.source.rollout_restarts == 1 and trainer.restarts == 0  # the pool was replaced, the trainer went on
+    assert ended(hung["pid"], within_s=30), "the stopped rollout process was left behind"
+
+    assert [r["at"] for r in trainer.trained] == [0, 1, 2]
+    loader = PromptLoader(load_rows(cfg.data.dir, "train"), cfg.trainer.prompts_per_step, cfg.seed)
+    assert [list(dict.fromkeys(r["uid"])) for r in trainer.trained] == [list(loader.next_batch()["uid"])
+                                                                          for _ in range(3)]
+    assert all(len(r["uid"]) == cfg.trainer.prompts_per_step * cfg.rollout.n for r in trainer.trained)  # whole
+    # The frozen batch was submitted before step 1's update (so version 0); generated again, it is drawn with the
+    # version that update published.
+    assert torch.equal(trainer.trained[1]["versions"], torch.ones_like(trainer.trained[1]["versions"]))
+    stalenesses = [int(r["at"] - r["versions"].min()) for r in trainer.trained]
+    assert max(stalenesses) <= 1
+    client = MlflowClient(cfg.tracking.uri)
+    history = sorted(client.get_metric_history(run_id, "async/staleness_max"), key=lambda p: p.step)
+    assert [p.value for p in history] == [float(s) for s in stalenesses]
+    restart_history = sorted(client.get_metric_history(run_id, "async/rollout_restarts"), key=lambda p: p.step)
+    assert [(p.step, p.value) for p in restart_history] == [(1, 0.0), (2, 1.0), (3, 1.0)]
+    assert "val/acc" in client.get_run(run_id).data.metrics  # the last step's evaluation ran on the rebuilt pool
+
+
+class FakePool:
+    """A rollout pool's group (``name``) whose calls return at once, or raise WorkerFailure as a hung rank's do for
+    the labels in ``hangs`` (the batches' "prompts" are labels; "eval" is the evaluation call). ``log``: its calls."""
+
+    def __init__(self, name: str, hangs: set[str], log: list) -> None:
+        self.name, self.hangs, self.log = name, hangs, log
+
+    def run(self, label: str) -> tuple[str, str]:
+        self.log.append((self.name, "done" if label not in self.hangs else "hung", label))
+        if label in self.hangs:
+            raise WorkerFailure(f"{self.name}: {label} did not finish: treating them as hung")
+        return self.name, label
+
+    def submit(self, method: str, label: str, params) -> SimpleNamespace:
+        self.log.append((self.name, "submit", label))
+        return SimpleNamespace(result=lambda: self.run(label))
+
+    def generate(self, label: str, params) -> tuple[str, str]:
+        return self.run(label)
+
+    def shutdown(self) -> None:
+        self.log.append((self.name, "shutdown", ""))
+
+
+@pytest.mark.parametrize("hangs", [{"eval"}, {"b2"}])
+def test_a_rollout_rank_hung_at_evaluation_or_before_it_is_replaced_and_the_evaluation_goes_on(hangs):
+    """Evaluation waits for the two batches in flight first (so its calls have the pool to itself and their own
+    deadlines); a hang in either, an evaluation call or the second batch, rebuilds the pool once, which generates
+    again only the unfinished batch, and evaluates."""
+    log: list = []
+    source = PoolRollouts(SimpleNamespace(), "unused", SimpleNamespace())
+    source.reset()
+    source.pool = FakePool("A", hangs, log)
+    source.build_pool = lambda: setattr(source, "pool", FakePool("B", set(), log))
+    source.inflight.extend(InFlight(label, {}, source.pool.submit("generate", label, None)) for label in ("b1", "b2"))
+    with source.serving() as generate:
+        assert generate("eval", None) == ("B", "eval")
+
+    assert source.rollout_restarts == 1
+    again = [label for name, call, label in log if (name, call) == ("B", "submit")]
+    assert again == ([] if hangs == {"eval"} else ["b2"])  # finished batches are kept, not drawn again
+    assert [item.samples for item in source.inflight] == [("A", "b1"), ("A" if hangs == {"eval"} else "B", "b2")]
+    waits = [i for i, (_, call, label) in enumerate(log) if call in ("done", "hung")]
+    first_eval = next(i for i in waits if log[i][2] == "eval")
+    assert {log[i][2] for i in waits if i < first_eval} == {"b1", "b2"}  # the batches in flight were waited for first
 
 
 def test_the_drop_policy_trains_only_fresh_batches_and_counts_the_dropped(tiny_config, tmp_path):

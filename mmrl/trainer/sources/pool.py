@@ -20,9 +20,21 @@ dropped (``async/dropped_groups`` counts its groups; its prompts are skipped, as
 
 **Resume.** A checkpoint records the loader as it was before the oldest untrained batch was drawn: a resumed
 run draws the in-flight prompts again and generates them with its current weights (the buffer is regenerated,
-not saved). A rollout rank that dies or hangs costs its batches: the pool is rebuilt, it loads the newest
-weights from the transport, and the batches in flight are submitted again; the trainer's failures take the
-trainer's own recovery.
+not saved).
+
+**A failed rollout rank.** A rank that dies, or hangs (a stopped or stuck process: alive, silent), costs the pool's
+unfinished batches, never the trainer's steps: the pool is rebuilt, its new ranks load the newest weights from the
+transport, and every batch in flight that has not come back is submitted again (finished ones are kept). A batch's
+deadline (``trainer.step_timeout_s``) counts from when the driver starts to wait for it, and the ranks run their
+calls in order, so the batch waited for is the one running: a hung rank is caught about ``step_timeout_s`` after the
+trainer begins to wait, however many batches are queued behind it. Regenerated samples record the version that drew
+them, the newest published, so they are no staler than the first draw would have been and the staleness bound holds;
+a step trains one whole batch, never part of one. The old ranks are killed (``ray.kill`` ends a stopped process too,
+within seconds) and the old placement group removed before the new pool asks for its own. Evaluation
+(:meth:`PoolRollouts.serving`) first waits for the batches in flight, so that its calls have the pool to itself and
+their own deadlines, and a failure during it rebuilds the pool in the same way and makes the call again. A second
+failure of the same batch or call, or of the rebuilt pool's start, goes to the trainer's recovery (from its newest
+checkpoint), as the trainer's own failures do.
 """
 
 from __future__ import annotations
@@ -51,11 +63,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class InFlight:
-    """A batch submitted to the rollout pool: its prompts, the loader's state before they were drawn, and the call."""
+    """A batch submitted to the rollout pool: its prompts, the loader's state before they were drawn, the call, and
+    its samples once collected."""
 
     prompts: Batch
     loader_state: dict[str, Any]
     pending: Pending
+    samples: Batch | None = None
 
 
 class PoolRollouts(RolloutSource):
@@ -153,20 +167,34 @@ class PoolRollouts(RolloutSource):
         return prompts.repeat(params.n).union(samples)
 
     def take(self) -> Batch:
-        """The head batch's samples; a failed rollout pool is rebuilt and every batch in flight submitted again."""
-        try:
-            return self.inflight[0].pending.result()
-        except WorkerFailure as failure:
-            self.restart_pool(failure)
-            return self.inflight[0].pending.result()
+        """The head batch's samples (see :meth:`collected`)."""
+        return self.collected(self.inflight[0])
+
+    def collected(self, item: InFlight) -> Batch:
+        """``item``'s samples, waited for (the deadline counted from now); a failed rollout pool is rebuilt, the
+        unfinished batches in flight are submitted again, and ``item`` is waited for once more."""
+        if item.samples is None:
+            try:
+                item.samples = item.pending.result()
+            except WorkerFailure as failure:
+                self.restart_pool(failure)
+                item.samples = item.pending.result()
+        return item.samples
+
+    def settle(self) -> None:
+        """Wait for every batch in flight, oldest first, each under its own deadline."""
+        for item in self.inflight:
+            self.collected(item)
 
     def restart_pool(self, failure: WorkerFailure) -> None:
-        print(f"rollout pool failed ({failure}); rebuilding it and generating the {len(self.inflight)} batches in "
-              "flight again", flush=True)
+        """Replace the pool (its ranks killed, its placement removed) and submit the unfinished batches again."""
+        again = [item for item in self.inflight if item.samples is None]
+        print(f"rollout pool failed ({failure}); rebuilding it and generating the {len(again)} unfinished batches "
+              "in flight again", flush=True)
         self.pool.shutdown()
         self.build_pool()
         self.rollout_restarts += 1
-        for item in self.inflight:
+        for item in again:
             item.pending = self.pool.submit("generate", item.prompts, self.params)
 
     # ---- the weights --------------------------------------------------------------------------
@@ -188,8 +216,20 @@ class PoolRollouts(RolloutSource):
 
     @contextmanager
     def serving(self) -> Iterator[Generate]:
-        """Evaluation on the rollout pool, with the newest published weights (the trainer has no engine)."""
-        yield self.pool.generate
+        """Evaluation on the rollout pool, with the newest published weights (the trainer has no engine), once the
+        batches in flight are back: each evaluation call then has the pool to itself, and its own deadline."""
+        self.settle()
+        yield self.serve
+
+    def serve(self, prompts: Batch, params: SamplingParams) -> Batch:
+        """The pool's ``generate``; a failed pool is rebuilt (the batches in flight generated again first) and the
+        call made once more."""
+        try:
+            return self.pool.generate(prompts, params)
+        except WorkerFailure as failure:
+            self.restart_pool(failure)
+            self.settle()
+            return self.pool.generate(prompts, params)
 
     def loader_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """The loader as it was before the oldest untrained batch was drawn: a resumed run draws it again."""
