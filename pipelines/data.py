@@ -23,7 +23,10 @@ from PIL import Image
 from tqdm import tqdm
 
 from data_prep.convert import convert_jsonl
+from data_prep.digits_task import TASK as DIGITS
+from data_prep.digits_task import digits_splits
 from data_prep.parquet import write_parquet
+from data_prep.records import ImageLimits
 from data_prep.synthetic import VideoSynthesis, build_splits
 from data_prep.synthetic_video import ClipSpec
 from data_prep.video import VideoLimits
@@ -79,9 +82,29 @@ def zoom(cfg: Config) -> None:
         print(f"data: {split:5s} {report.summary()} -> {Path(cfg.data.dir) / f'{split}.parquet'}")
 
 
+def digits(cfg: Config) -> None:
+    """The digits task (:mod:`data_prep.digits_task`): real scans fitted to the pixel budget of the processor at
+    ``model.path``, as a user's images are."""
+    others = sorted(t for t, share in cfg.data.tasks.items() if t != DIGITS and share > 0)
+    if others:
+        raise ValueError(f"data.tasks: the digits task is generated alone (its rows are real scans, not drawn); got "
+                         f"also {others}: set data.tasks={{digits: 1.0}}")
+    processor = load_processor(cfg.model.path)
+    factor, sizing = patch_factor(processor), family_of_processor(processor).media_sizing
+    limits = ImageLimits(min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels, factor=factor,
+                         sizing=sizing)
+    splits = digits_splits(cfg.data.sizes, cfg.seed, limits, video_limits(cfg, factor, sizing))
+    for split, rows in splits.items():
+        path = Path(cfg.data.dir) / f"{split}.parquet"
+        write_parquet(rows, path)
+        print(f"data: {split:5s} {len(rows):5d} digit scans -> {path}")
+
+
 def synthetic(cfg: Config) -> None:
     if cfg.data.tasks.get(ZOOM, 0) > 0:
         return zoom(cfg)
+    if cfg.data.tasks.get(DIGITS, 0) > 0:
+        return digits(cfg)
     splits = build_splits(cfg.data.tasks, cfg.data.sizes, cfg.seed, cfg.data.image_size, cfg.data.max_count,
                           video=video_synthesis(cfg))
     for split, rows in tqdm(splits.items(), desc="data: writing splits"):

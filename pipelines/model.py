@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from data_prep.digits_task import TASK as DIGITS
+from data_prep.digits_task import digits_corpus
 from data_prep.palette import COLOURS
 from data_prep.synthetic import IMAGE_TASKS, SHAPES, corpus_texts, generate_rows
 from data_prep.synthetic_video import VIDEO_ANSWERS, VIDEO_QUESTIONS, VIDEO_TASKS
@@ -50,6 +52,8 @@ def task_corpus(cfg: Config, rows_per_task: int = 200) -> Iterator[str]:
             yield from [VIDEO_QUESTIONS[task], answer, format_answer(answer)]
     if ZOOM in extra:
         yield from zoom_corpus(cfg)
+    if DIGITS in extra:
+        yield from digits_corpus()
     if cfg.rollout.agent.enabled:
         yield from agent_corpus(cfg)
     yield from ["user", "assistant", "system"]
