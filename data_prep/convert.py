@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -47,7 +48,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from data_prep.rejects import RowRejected
+from data_prep.parquet import write_parquet
+from data_prep.peer_formats import FORMATS, Source, peer_sources
+from data_prep.peer_tables import hf_split_names
 from data_prep.records import (  # noqa: F401  (ImageLimits and load_source_image are part of this API)
     DEFAULT_MAX_FILE_BYTES,
     DEFAULT_MAX_SOURCE_PIXELS,
@@ -56,8 +59,8 @@ from data_prep.records import (  # noqa: F401  (ImageLimits and load_source_imag
     TokenCounter,
     load_source_image,
 )
-from data_prep.parquet import write_parquet
-from data_prep.peer_formats import FORMATS, Source, peer_sources
+from data_prep.rejects import RowRejected
+from data_prep.splits import plan_splits
 from data_prep.video import VideoLimits
 
 
@@ -70,6 +73,8 @@ class ConvertReport:
     num_quarantined: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
     videos_sampled_down: int = 0
+    notes: list[str] = field(default_factory=list)
+    """What the input holds that mmrl cannot carry (e.g. binary columns left out); each is also warned."""
 
     def summary(self) -> str:
         """One line, e.g. 'convert: in=10 written=7 quarantined=3 (missing_file=2, corrupt=1)'."""
@@ -78,7 +83,7 @@ class ConvertReport:
             line += " (" + ", ".join(f"{kind}={n}" for kind, n in self.reasons.most_common()) + ")"
         if self.videos_sampled_down:
             line += f"; {self.videos_sampled_down} videos sampled down to their budget"
-        return line
+        return "\n".join([line, *(f"note: {note}" for note in self.notes)])
 
 
 def _parse_line(raw: bytes) -> dict[str, Any]:
@@ -116,8 +121,11 @@ def _check_text(record: dict[str, Any]) -> None:
 
 
 def _quarantine(entries: list[dict[str, Any]], report: ConvertReport, line_no: int, text: str,
-                err: RowRejected) -> None:
-    entries.append({"line": line_no, "kind": err.kind, "reason": err.reason, "text": text})
+                err: RowRejected, row_index: bool) -> None:
+    entry = {"line": line_no, "kind": err.kind, "reason": err.reason, "text": text}
+    if row_index:  # a table's row: also its index as the table reads it (dataset[index])
+        entry = {"line": line_no, "index": line_no - 1} | entry
+    entries.append(entry)
     report.reasons[err.kind] += 1
 
 
@@ -150,9 +158,10 @@ def convert_lines(lines: list[bytes], converter: RowConverter, id_prefix: str
     return convert_records(sources, converter, id_prefix, total=sum(1 for raw in lines if raw.strip()))
 
 
-def convert_records(sources: Iterable[Source], converter: RowConverter, id_prefix: str, total: int | None = None
-                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ConvertReport]:
-    """Rows, quarantine entries and the report for ``sources``: every one is written or quarantined."""
+def convert_records(sources: Iterable[Source], converter: RowConverter, id_prefix: str, total: int | None = None,
+                    row_index: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ConvertReport]:
+    """Rows, quarantine entries and the report for ``sources``: every one is written or quarantined. ``row_index``:
+    the sources are a table's rows, and a quarantine entry also gives the row's index from 0."""
     report, rows, quarantined = ConvertReport(), [], []
     seen_ids: set[str] = set()
     for line_no, text, read in tqdm(sources, total=total, desc="convert", unit="row"):
@@ -162,10 +171,11 @@ def convert_records(sources: Iterable[Source], converter: RowConverter, id_prefi
             if row["id"] in seen_ids:
                 raise RowRejected("duplicate_id", f"id {row['id']!r} was used by an earlier line; make ids unique")
         except RowRejected as err:
-            _quarantine(quarantined, report, line_no, text, err)
+            _quarantine(quarantined, report, line_no, text, err, row_index)
             continue
         except Exception as err:  # the stage's promise: no input line can abort it
-            _quarantine(quarantined, report, line_no, text, RowRejected("error", f"{type(err).__name__}: {err}"))
+            _quarantine(quarantined, report, line_no, text, RowRejected("error", f"{type(err).__name__}: {err}"),
+                        row_index)
             continue
         seen_ids.add(row["id"])
         rows.append(row)
@@ -203,8 +213,10 @@ def convert_jsonl(
     ``count_tokens`` and ``max_prompt_tokens`` (> 0) quarantine over-long prompts. ``video_limits``
     default to 2 fps, 2..16 frames, each within the image budget and 8 frames' worth in all. ``sizing``: how images
     are fitted to the budget (:data:`data_prep.pixels.SIZINGS`; the video limits carry their own). ``fmt``: the
-    input's layout, ``jsonl`` (mmrl's, above) or a peer's (:mod:`data_prep.peer_formats`: ``verl`` and ``easyr1``
-    parquet files, ``hf`` a ``datasets`` folder, whose ``split`` is read when it holds several).
+    input's layout, ``jsonl`` (mmrl's, above) or a peer's (:mod:`data_prep.peer_formats`: ``verl``, ``easyr1`` and
+    ``trl`` parquet files, ``hf`` a ``datasets`` folder, whose ``split`` is read when it holds several; a peer's
+    quarantine entries also give the row's ``index`` from 0, and the notes on what mmrl cannot carry are warned and
+    kept in the report).
     """
     jsonl_path, media_dir = Path(jsonl_path), Path(image_dir)
     _check_inputs(jsonl_path, media_dir, fmt)
@@ -216,8 +228,29 @@ def convert_jsonl(
             rows, quarantined, report = convert_lines(jsonl_path.read_bytes().splitlines(), converter,
                                                       jsonl_path.stem)
         else:
-            sources = peer_sources(jsonl_path, fmt, split, videos.fps)
-            rows, quarantined, report = convert_records(sources, converter, jsonl_path.stem, total=len(sources))
+            sources, notes = peer_sources(jsonl_path, fmt, split, videos.fps)
+            for note in notes:
+                warnings.warn(f"{jsonl_path}: {note}", stacklevel=2)
+            rows, quarantined, report = convert_records(sources, converter, jsonl_path.stem, total=len(sources),
+                                                        row_index=True)
+            report.notes = notes
     write_parquet(rows, out_parquet)
     _write_jsonl(quarantined, Path(quarantine_path))
     return report
+
+
+def convert_splits(source: str | Path, image_dir: str | Path, out_dir: str | Path, *, fmt: str = "jsonl",
+                   split: str = "", **options: Any) -> dict[str, ConvertReport]:
+    """Convert ``source`` into ``<out_dir>/<split>.parquet`` and ``<split>.quarantine.jsonl`` per split, the report
+    of each by the split written (:func:`convert_jsonl` does one; ``options`` are its keywords).
+
+    A DatasetDict folder (``fmt="hf"``) with ``split`` empty writes each of its splits to the file mmrl reads it
+    from (``validation`` to ``val``, :mod:`data_prep.splits`); with ``split`` set, that one. Any other input is one
+    split: ``split`` (an alias read as mmrl's name), else ``train``. Every split is planned before any is written.
+    """
+    source, out = Path(source), Path(out_dir)
+    names = hf_split_names(source) if fmt == "hf" and source.is_dir() else None
+    plan = plan_splits(names, split, str(source))
+    return {written: convert_jsonl(source, image_dir, out / f"{written}.parquet", out / f"{written}.quarantine.jsonl",
+                                   fmt=fmt, split=read, **options)
+            for read, written in plan}

@@ -5,215 +5,161 @@ budgets and quarantine as mmrl's own JSONL.
 
 - ``verl``: a parquet file with ``prompt`` (chat messages: an optional system message, then one user message whose
   ``<image>`` / ``<video>`` placeholders stand for the media; a content may also be a list of typed parts),
-  ``images`` and ``videos``, ``reward_model.ground_truth`` (the answer), ``data_source``, ``ability`` and
-  ``extra_info`` (both kept in ``extra``);
+  ``images`` and ``videos``, ``reward_model.ground_truth`` (the answer) and ``data_source`` (the row's; it picks the
+  verifier, ``reward.verifiers``, and reaches the reward functions); ``ability``, ``extra_info`` and any other
+  column go to ``extra``, where a reward function receives them by name (``extra_info`` as verl passes it);
 - ``easyr1``: a parquet file with ``problem`` (the prompt, placeholders as above), ``answer``, ``images``,
   ``videos`` and optionally ``data_source``; the other columns go to ``extra``;
-- ``hf``: a Hugging Face ``datasets`` folder (``save_to_disk``; of a DatasetDict the ``data.split`` split), in
-  either layout above (told apart by its columns: ``problem`` is EasyR1's, ``reward_model`` verl's) or in mmrl's
-  JSONL fields (``prompt``, ``images``, ``answer``).
+- ``trl``: a parquet file in TRL's vision-language layout (:mod:`data_prep.trl_format`);
+- ``hf``: a Hugging Face ``datasets`` folder (``save_to_disk``; of a DatasetDict the split :mod:`data_prep.splits`
+  picks), in any layout above (told apart by its columns: ``reward_model`` is verl's, ``problem`` EasyR1's, a chat
+  list ``prompt`` or a ``solution`` / ``ground_truth`` column without ``answer`` TRL's) or in mmrl's JSONL fields
+  (``prompt``, ``images``, ``answer``).
 
 An image is the encoded bytes, a path relative to the media folder (``data.image_dir``, default the file's
 folder), or a ``{"bytes": ..., "path": ...}`` dict (``datasets``' Image feature: the bytes when present, else the
 path); a video is a path (or ``{"video": path}``) or a list of frames in those forms, taken at ``data.video_fps``.
 A row that cannot be read as its layout says is quarantined with the reason, like a bad JSONL line; its text in
-the quarantine file shows bytes as ``<N bytes>``.
+the quarantine file shows bytes as ``<N bytes>``. What a file holds that mmrl cannot carry is named in the
+conversion's notes (:class:`PeerTable`; the converter warns them and prints them), never dropped silently: a
+column of binary data other than the media (``extra`` is JSON text), a verl column named as one of mmrl's fields
+(``answer``: verl's is ``reward_model.ground_truth``), a verl ``reward_model.style`` other than ``rule`` (mmrl's
+reward is the config's, for every row).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from data_prep.records import FrameList, InlineImage, MediaItem
+from data_prep import peer_fields
+from data_prep.peer_tables import MEDIA_COLUMNS, hf_table, read_parquet_table, table_rows
 from data_prep.rejects import RowRejected
+from data_prep.trl_format import ground_truth_column, trl_record
 
-FORMATS = ("jsonl", "verl", "easyr1", "hf")
+FORMATS = ("jsonl", "verl", "easyr1", "trl", "hf")
+PARQUET_FORMATS = ("verl", "easyr1", "trl")
 Source = tuple[int, str, Callable[[], dict[str, Any]]]
 """One input record: its line (or row) number, its text as the quarantine file shows it, and a call that returns
 the record or raises RowRejected."""
 
 
-def peer_sources(path: Path, fmt: str, split: str, frame_fps: float) -> list[Source]:
-    """Every row of the ``fmt`` file (or folder) at ``path`` as a :data:`Source` (row numbers from 1)."""
-    rows, layout = read_rows(path, fmt, split)
-    to_record = {"verl": verl_record, "easyr1": easyr1_record, "jsonl": plain_record}[layout]
-    return [(i, _shown(row), partial(to_record, row, frame_fps)) for i, row in enumerate(rows, start=1)]
+@dataclass
+class PeerTable:
+    """A peer file's rows, the layout they are in and notes on what mmrl cannot carry of them."""
+
+    rows: list[dict[str, Any]]
+    layout: str
+    notes: list[str] = field(default_factory=list)
 
 
-def read_rows(path: Path, fmt: str, split: str) -> tuple[list[dict[str, Any]], str]:
-    """The rows of the file or folder and the layout they are in (``verl``, ``easyr1`` or ``jsonl``'s fields)."""
-    if fmt in ("verl", "easyr1"):
-        import pyarrow.parquet as pq
-
-        try:
-            return pq.read_table(path).to_pylist(), fmt
-        except Exception as err:  # pyarrow's errors for a file that is not parquet
-            raise ValueError(f"{path} cannot be read as a parquet file ({type(err).__name__}: {err}); "
-                             f"data.format={fmt} reads parquet") from err
-    if fmt == "hf":
-        return _hf_rows(path, split)
-    raise ValueError(f"data format {fmt!r} has no peer reader; allowed: verl, easyr1, hf")
+def peer_sources(path: Path, fmt: str, split: str, frame_fps: float) -> tuple[list[Source], list[str]]:
+    """Every row of the ``fmt`` file (or folder) at ``path`` as a :data:`Source` (row numbers from 1), and the
+    notes on what mmrl cannot carry of it."""
+    table = read_rows(path, fmt, split)
+    to_record = {"verl": verl_record, "easyr1": easyr1_record, "trl": trl_record, "jsonl": plain_record}[table.layout]
+    sources = [(i, peer_fields.shown(row), partial(to_record, row, frame_fps))
+               for i, row in enumerate(table.rows, start=1)]
+    return sources, table.notes
 
 
-def _hf_rows(path: Path, split: str) -> tuple[list[dict[str, Any]], str]:
-    from datasets import Dataset, DatasetDict, load_from_disk
+def read_rows(path: Path, fmt: str, split: str) -> PeerTable:
+    """The rows of the file or folder, the layout they are in (``verl``, ``easyr1``, ``trl`` or ``jsonl``'s fields)
+    and the notes on what mmrl cannot carry of them (:func:`data_prep.peer_tables.table_rows`)."""
+    if fmt in PARQUET_FORMATS:
+        table, layout = read_parquet_table(path, fmt), fmt
+    elif fmt == "hf":
+        table = hf_table(path, split)
+        layout = hf_layout(table)
+    else:
+        raise ValueError(f"data format {fmt!r} has no peer reader; allowed: {', '.join(PARQUET_FORMATS)}, hf")
+    rows, notes = table_rows(table)
+    return PeerTable(rows, layout, notes + _verl_notes(table.column_names, rows) if layout == "verl" else notes)
 
-    try:
-        data = load_from_disk(str(path))
-    except Exception as err:  # datasets raises FileNotFoundError or its own errors for a folder it did not write
-        raise ValueError(f"{path} is not a datasets folder ({type(err).__name__}: {err}); write it with "
-                         "Dataset.save_to_disk or DatasetDict.save_to_disk") from err
-    if isinstance(data, DatasetDict):
-        if split not in data:
-            raise ValueError(f"{path} holds the splits {sorted(data)}, not data.split={split!r}; set data.split")
-        data = data[split]
-    assert isinstance(data, Dataset)
-    columns = set(data.column_names)
-    layout = "easyr1" if "problem" in columns else "verl" if "reward_model" in columns else "jsonl"
-    # The stored table: images stay {"bytes", "path"} structs instead of being decoded into PIL images.
-    table = data.data.table if data._indices is None else data.flatten_indices().data.table
-    return table.to_pylist(), layout
+
+def hf_layout(table: Any) -> str:
+    """The layout of a datasets table, from its columns (a pyarrow table)."""
+    import pyarrow as pa
+
+    columns = set(table.column_names)
+    if "reward_model" in columns:
+        return "verl"
+    if "problem" in columns:
+        return "easyr1"
+    chat = "prompt" in columns and pa.types.is_list(table.schema.field("prompt").type)
+    if chat or ("answer" not in columns and ground_truth_column(columns) is not None):
+        return "trl"
+    return "jsonl"
+
+
+def _verl_notes(columns: list[str], rows: list[dict[str, Any]]) -> list[str]:
+    """What of a verl file is not used: columns named as mmrl's own fields, a reward style other than rule."""
+    notes = []
+    unread = [name for name in columns if name in VERL_UNREAD]
+    if unread:
+        notes.append(f"columns {unread} are not read: a verl row's answer is reward_model.ground_truth, its system "
+                     "message the prompt's first; rename them to keep them in extra")
+    styles = {r["reward_model"].get("style") for r in rows if isinstance(r.get("reward_model"), dict)} - {"rule", None}
+    if styles:
+        notes.append(f"reward_model.style {sorted(map(str, styles))} is not used: mmrl scores every row with the "
+                     "config's reward (reward.function or reward.weights, reward.model.path for a reward model, "
+                     "reward.verifiers per data_source)")
+    return notes
 
 
 # ---- one row of each layout -------------------------------------------------------------------
+
+VERL_COLUMNS = ("prompt", "images", "videos", "reward_model", "id", "data_source")
+VERL_UNREAD = ("answer", "system", "image", "video")
+"""Columns a verl file may have whose names are mmrl's record fields: not read (and noted)."""
 
 
 def verl_record(row: dict[str, Any], frame_fps: float) -> dict[str, Any]:
     messages = row.get("prompt")
     if not isinstance(messages, list) or not messages:
         raise RowRejected("missing_field", "verl: 'prompt' must be a non-empty list of chat messages; add it")
-    system, user = _split_messages(messages)
+    system, user = peer_fields.split_messages(messages, "verl")
     reward = row.get("reward_model")
     if not isinstance(reward, dict) or reward.get("ground_truth") in (None, ""):
         raise RowRejected("missing_field", "verl: 'reward_model.ground_truth' (the answer) is missing; add it")
-    extra = {key: row[key] for key in ("ability", "extra_info") if row.get(key) not in (None, {})}
-    record = {"prompt": user, "answer": _scalar(reward["ground_truth"], "reward_model.ground_truth"),
-              "images": _images(row.get("images")), "videos": _videos(row.get("videos"), frame_fps), **extra}
+    extra = {key: value for key, value in row.items()
+             if key not in (*VERL_COLUMNS, *VERL_UNREAD) and value not in (None, {})}
+    record = {"prompt": user, "answer": peer_fields.scalar(reward["ground_truth"], "reward_model.ground_truth"),
+              "images": peer_fields.images(row.get("images")),
+              "videos": peer_fields.videos(row.get("videos"), frame_fps), **extra}
     if system:
         record["system"] = system
     for key in ("id", "data_source"):
         if row.get(key) is not None:
             record[key] = row[key]
-    return _drop_empty(record)
+    return peer_fields.drop_empty(record)
 
 
 def easyr1_record(row: dict[str, Any], frame_fps: float) -> dict[str, Any]:
     if not isinstance(row.get("problem"), str):
         raise RowRejected("missing_field", "easyr1: 'problem' (the prompt text) is missing or not a string; add it")
     record = {key: value for key, value in row.items() if key not in ("problem", "images", "videos")}
-    record |= {"prompt": row["problem"], "images": _images(row.get("images")),
-               "videos": _videos(row.get("videos"), frame_fps)}
+    record |= {"prompt": row["problem"], "images": peer_fields.images(row.get("images")),
+               "videos": peer_fields.videos(row.get("videos"), frame_fps)}
     if record.get("answer") is not None:
-        record["answer"] = _scalar(record["answer"], "answer")
-    return _drop_empty(record)
+        record["answer"] = peer_fields.scalar(record["answer"], "answer")
+    return peer_fields.drop_empty(record)
 
 
 def plain_record(row: dict[str, Any], frame_fps: float) -> dict[str, Any]:
     """mmrl's JSONL fields in a datasets folder: media may be bytes or Image-feature dicts too."""
-    record = dict(row)
-    for one, many, read in (("image", "images", _images), ("video", "videos", partial(_videos, frame_fps=frame_fps))):
+    record = {key: value for key, value in row.items() if not (key in MEDIA_COLUMNS and value is None)}
+    readers = (("image", "images", peer_fields.images), ("video", "videos",
+                                                         partial(peer_fields.videos, frame_fps=frame_fps)))
+    for one, many, read in readers:
         if one in record:
             record[many] = read([record.pop(one)])
         elif many in record:
             record[many] = read(record[many])
-    return _drop_empty(record)
+    return peer_fields.drop_empty(record)
 
 
-def _split_messages(messages: list[Any]) -> tuple[str, str]:
-    """(system text, user text) of a single-turn prompt."""
-    roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
-    if roles not in (["user"], ["system", "user"]):
-        raise RowRejected("bad_field", f"verl: 'prompt' has the roles {roles}; mmrl's prompts are single-turn, an "
-                                       "optional system message then one user message")
-    texts = [_content_text(m.get("content")) for m in messages]
-    return (texts[0] if len(texts) == 2 else ""), texts[-1]
-
-
-def _content_text(content: Any) -> str:
-    """A message content as text: a string, or typed parts whose images and videos become placeholders."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        pieces = []
-        for part in content:
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind == "text" and isinstance(part.get("text"), str):
-                pieces.append(part["text"])
-            elif kind in ("image", "video"):
-                pieces.append(f"<{kind}>")
-            else:
-                raise RowRejected("bad_field", f"a content part {str(part)[:80]!r} is not a text, image or video part")
-        return "".join(pieces)
-    raise RowRejected("bad_field", f"a message content is {type(content).__name__}; write a string or typed parts")
-
-
-def _scalar(value: Any, name: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise RowRejected("bad_field", f"{name!r} is {type(value).__name__}; mmrl's verifiers compare one answer "
-                                       "string: write it as a string")
-    return str(value)
-
-
-def _images(items: Any) -> list[MediaItem]:
-    if items is None:
-        return []
-    if not isinstance(items, (list, tuple)):
-        raise RowRejected("bad_field", f"'images' is {type(items).__name__}; give a list of images")
-    return [_image(item, f"images[{i}]") for i, item in enumerate(items)]
-
-
-def _image(item: Any, name: str) -> str | InlineImage:
-    if isinstance(item, (bytes, bytearray)):
-        return InlineImage(bytes(item), name)
-    if isinstance(item, str) and item:
-        return item
-    if isinstance(item, dict):
-        if item.get("bytes"):
-            return InlineImage(bytes(item["bytes"]), item.get("path") or name)
-        if isinstance(item.get("path"), str) and item["path"]:
-            return item["path"]
-    raise RowRejected("bad_field", f"{name} is {_shown(item)[:80]}; give the image's bytes, a path, or "
-                                   "{'bytes': ..., 'path': ...}")
-
-
-def _videos(items: Any, frame_fps: float) -> list[MediaItem]:
-    if items is None:
-        return []
-    if not isinstance(items, (list, tuple)):
-        raise RowRejected("bad_field", f"'videos' is {type(items).__name__}; give a list of videos")
-    videos: list[MediaItem] = []
-    for i, item in enumerate(items):
-        if isinstance(item, dict) and isinstance(item.get("video"), str):
-            item = item["video"]
-        if isinstance(item, str) and item:
-            videos.append(item)
-        elif isinstance(item, (list, tuple)):
-            videos.append(FrameList(tuple(_image(f, f"videos[{i}][{j}]") for j, f in enumerate(item)), frame_fps))
-        else:
-            raise RowRejected("bad_field", f"videos[{i}] is {_shown(item)[:80]}; give a path or a list of frames")
-    return videos
-
-
-def _drop_empty(record: dict[str, Any]) -> dict[str, Any]:
-    """Without empty media lists (the converter refuses a present but empty ``images``)."""
-    return {k: v for k, v in record.items() if not (k in ("images", "videos") and v == [])}
-
-
-def _shown(value: Any) -> str:
-    """A row as JSON text for the quarantine file, bytes shown as ``<N bytes>``."""
-    def default(item: Any) -> Any:
-        if isinstance(item, (bytes, bytearray)):
-            return f"<{len(item)} bytes>"
-        return str(item)
-
-    try:
-        return json.dumps(value, default=default, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return repr(value)[:2000]
-
-
-__all__ = ["FORMATS", "Source", "peer_sources", "read_rows"]
+__all__ = ["FORMATS", "PeerTable", "Source", "hf_layout", "peer_sources", "read_rows"]

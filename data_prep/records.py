@@ -25,6 +25,9 @@ from mmrl.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Video, decode_vide
 DEFAULT_MAX_FILE_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_VIDEO_BYTES = 500 * 1024 * 1024
 DEFAULT_MAX_SOURCE_PIXELS = 50_000_000
+DEFAULT_MIN_SOURCE_SIDE = 4
+"""A source image with a side shorter (a 1x1 tracking pixel, a broken export) is quarantined: upscaled to the
+budget it would be a flat square, no picture to ask about. 8x8 scans (scikit-learn's digits) still pass."""
 KNOWN_FIELDS = ("id", "prompt", "system", "image", "images", "video", "videos", "answer", "data_source")
 # Chat-template control tokens (<|im_end|>, <|image_pad|>, ...): in user text they would end a turn early
 # or desynchronise the image tokens from the image features.
@@ -45,6 +48,7 @@ class ImageLimits:
     max_source_pixels: int = DEFAULT_MAX_SOURCE_PIXELS
     sizing: str = "mmrl"
     """How an image is fitted to the budget (:data:`data_prep.pixels.SIZINGS`): ``qwen`` for the Qwen families."""
+    min_source_side: int = DEFAULT_MIN_SOURCE_SIDE
 
     def __post_init__(self) -> None:
         validate_budget(self.min_pixels, self.max_pixels, self.factor)
@@ -52,6 +56,8 @@ class ImageLimits:
             raise ValueError(f"max_file_bytes={self.max_file_bytes} must be positive")
         if self.max_source_pixels < 1:
             raise ValueError(f"max_source_pixels={self.max_source_pixels} must be positive")
+        if self.min_source_side < 1:
+            raise ValueError(f"min_source_side={self.min_source_side} must be positive")
 
 
 # ---- fields -----------------------------------------------------------------------------------
@@ -168,7 +174,8 @@ def resolve_media(media_dir: Path, rel: str, kind: str = "image") -> Path:
         raise RowRejected("bad_path", f"{kind} path {rel!r} cannot be resolved ({err}); fix the path") from err
     if not path.is_relative_to(root):
         raise RowRejected("outside_image_dir", f"{kind} path {rel!r} resolves to {path}, outside the media folder "
-                                               f"{root}; put the file inside that folder and give a relative path")
+                                               f"{root}; put the file inside that folder and give a relative path, "
+                                               "or set data.image_dir to a folder that holds it")
     return path
 
 
@@ -176,8 +183,8 @@ def check_file(path: Path, max_bytes: int, kind: str = "image") -> None:
     """The file exists, is not empty and not over ``max_bytes``."""
     try:
         if not path.is_file():
-            raise RowRejected("missing_file", f"{kind} {path} does not exist; fix the path (relative to the media "
-                                              "folder)")
+            what = "is not a file" if path.exists() else "does not exist"
+            raise RowRejected("missing_file", f"{kind} {path} {what}; fix the path (relative to the media folder)")
         size = path.stat().st_size
     except OSError as err:  # a name too long for the file system, a permission error
         raise RowRejected("bad_path", f"{kind} {str(path)[:200]!r} cannot be read ({err.strerror}); fix the "
@@ -195,6 +202,9 @@ def _decoding(path: Path | str) -> Iterator[None]:
         yield
     except Image.DecompressionBombError as err:
         raise RowRejected("too_large", f"image {path} is a decompression bomb ({err}); shrink it") from err
+    except PermissionError as err:
+        raise RowRejected("unreadable", f"image {path} cannot be read ({err.strerror}); make it readable or drop "
+                                        "the row") from err
     except Exception as err:
         raise RowRejected(
             "corrupt", f"image {path} cannot be decoded ({type(err).__name__}: {err}); re-export it or drop the row"
@@ -226,6 +236,10 @@ def _decode(open_image: Callable[[], Image.Image], name: str, limits: ImageLimit
             f"image {name} is {width}x{height} = {width * height} pixels, over "
             f"max_source_pixels={limits.max_source_pixels}; downscale it or raise the limit",
         )
+    if min(width, height) < limits.min_source_side:
+        raise RowRejected("too_small", f"image {name} is {width}x{height} pixels, a side under "
+                                       f"{limits.min_source_side}: no picture to ask about (a placeholder pixel or a "
+                                       "broken export?); re-export it or drop the row")
     with _decoding(name):
         with open_image() as img:
             img.verify()  # structural checks (e.g. PNG CRCs); leaves img unusable

@@ -42,11 +42,18 @@ def check_run_config(cfg: Config) -> None:
         require_known("reward.judge.engine", cfg.reward.judge.engine, ENGINES)
 
 
+CONVERTER_KEYS = ("jsonl", "format", "image_dir", "split")
+"""The ``data`` keys only the converter of a user's file reads (``make data`` with ``data.jsonl`` set)."""
+
+
 def run_dict(cfg: Config) -> dict[str, Any]:
-    """``cfg`` as nested dicts without the sections it does not read: of ``actor.loss``, only the sections of its
-    policy loss and of its algorithm's extra losses; of ``algorithm``, only its algorithm's own. Two runs read the
-    same keys with the same values when their dicts are equal, whatever losses and algorithms the tables hold."""
+    """``cfg`` as nested dicts without the keys it does not read: of ``actor.loss``, only the sections of its
+    policy loss and of its algorithm's extra losses; of ``algorithm``, only its algorithm's own; without a user's
+    file (``data.jsonl``), none of the converter's :data:`CONVERTER_KEYS`. Two runs read the same keys with the same
+    values when their dicts are equal, whatever losses and algorithms the tables hold."""
     tree = to_dict(cfg)
+    if not cfg.data.jsonl:
+        tree["data"] = {key: value for key, value in tree["data"].items() if key not in CONVERTER_KEYS}
     algorithm = ALGORITHMS[cfg.algorithm.name]
     losses = {cfg.actor.loss.policy or algorithm.policy_loss, *algorithm.extra_losses}
     tree["actor"]["loss"] = {key: value for key, value in tree["actor"]["loss"].items()

@@ -22,7 +22,7 @@ from pathlib import Path
 from PIL import Image
 from tqdm import tqdm
 
-from data_prep.convert import convert_jsonl
+from data_prep.convert import convert_splits
 from data_prep.digits_task import TASK as DIGITS
 from data_prep.digits_task import digits_splits
 from data_prep.parquet import write_parquet
@@ -131,13 +131,14 @@ def convert(cfg: Config) -> None:
     def count_tokens(prompt: str, images: list, videos: list[Video]) -> int:
         return len(encode_prompt(processor, [{"role": "user", "content": prompt}], images, videos))
 
-    report = convert_jsonl(
-        cfg.data.jsonl, cfg.data.image_dir or Path(cfg.data.jsonl).parent, out / f"{cfg.data.split}.parquet",
-        out / f"{cfg.data.split}.quarantine.jsonl", min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels,
-        factor=factor, count_tokens=count_tokens, max_prompt_tokens=cfg.data.max_prompt_tokens,
-        video_limits=video_limits(cfg, factor, sizing), sizing=sizing, fmt=cfg.data.format, split=cfg.data.split,
+    reports = convert_splits(
+        cfg.data.jsonl, cfg.data.image_dir or Path(cfg.data.jsonl).parent, out, fmt=cfg.data.format,
+        split=cfg.data.split, min_pixels=cfg.data.min_pixels, max_pixels=cfg.data.max_pixels, factor=factor,
+        count_tokens=count_tokens, max_prompt_tokens=cfg.data.max_prompt_tokens,
+        video_limits=video_limits(cfg, factor, sizing), sizing=sizing,
     )
-    print(report.summary())
+    for split, report in reports.items():
+        print(f"data: {split} -> {out / f'{split}.parquet'}\n{report.summary()}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -62,13 +62,15 @@ class DataConfig:
     jsonl: str = ""
     """A user's data file: when set, ``make data`` converts it instead of generating the synthetic tasks. A JSONL of
     {prompt, image|images, answer} (``format=jsonl``), or a peer's file or folder (``format``)."""
-    format: Literal["jsonl", "verl", "easyr1", "hf"] = "jsonl"
-    """The layout of ``jsonl`` (:mod:`data_prep.peer_formats`): mmrl's JSONL, verl's or EasyR1's parquet, or a
-    Hugging Face ``datasets`` folder (``save_to_disk``; ``split`` picks a DatasetDict's split)."""
+    format: Literal["jsonl", "verl", "easyr1", "trl", "hf"] = "jsonl"
+    """The layout of ``jsonl`` (:mod:`data_prep.peer_formats`): mmrl's JSONL, verl's, EasyR1's or TRL's parquet, or
+    a Hugging Face ``datasets`` folder (``save_to_disk``, of a Dataset or a DatasetDict) in any of them."""
     image_dir: str = ""
     """Folder that the data file's media paths are relative to (default: the file's folder)."""
-    split: str = "train"
-    """Name of the split written by the converter."""
+    split: str = ""
+    """The split the converter writes (``train``, ``val``, ``test``, ``sft``; ``validation``, ``valid`` and ``dev``
+    mean ``val``), and of a DatasetDict the one it reads. Empty: ``train``; of a DatasetDict, every split, each to
+    the file mmrl reads it from (:mod:`data_prep.splits`)."""
     max_prompt_tokens: int = num(4096, ge=1)
     """The converter quarantines a row whose prompt (counted with the model's processor, image tokens
     included) is longer."""

@@ -97,7 +97,8 @@ def test_easyr1_parquet_with_a_video_of_frames(tmp_path, media):
 
 
 def test_a_datasets_folder_in_either_layout_and_a_dataset_dict_split(tmp_path, media):
-    from datasets import Dataset, DatasetDict, Features, Image as ImageFeature, Sequence, Value
+    from datasets import Dataset, DatasetDict, Features, Sequence, Value
+    from datasets import Image as ImageFeature
 
     features = Features({"problem": Value("string"), "answer": Value("string"),
                          "images": Sequence(ImageFeature())})
@@ -123,7 +124,8 @@ def test_a_datasets_folder_in_either_layout_and_a_dataset_dict_split(tmp_path, m
     [row] = written.values()
     assert row["messages"] == [{"role": "user", "content": "<image>Value?"}] and row["answer"] == "42"
     assert row["data_source"] == "chartqa"
-    with pytest.raises(ValueError, match=r"splits \['test', 'train'\], not data.split='val'"):
+    with pytest.raises(ValueError, match=r"splits \['test', 'train'\], none of them data.split='val'.*"
+                                         r"validation, valid, dev.*set data.split to one of"):
         convert(tmp_path, tmp_path / "verl_ds", "hf", split="val")
     with pytest.raises(ValueError, match="not a folder"):
         convert(tmp_path, tmp_path / "easy.parquet", "hf")

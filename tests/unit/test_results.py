@@ -211,3 +211,14 @@ def test_a_bar_judges_a_record_and_changing_it_keeps_the_record_current():
     assert "| 0 | 0.305 | 0.960 | +0.655 | 3.25 | 4.5 | yes |" in results.page([run], relaxed)
     stricter = {"demo": {**shipped["demo"], "args": ["bar.rl_minutes=0", "bar.rl_acc=0.99"]}}
     assert "Bar (rl_acc>=0.99): met on 0 of 1 seeds." in results.page([run], stricter)
+
+
+def test_the_converter_s_keys_count_only_for_a_run_on_a_user_s_file():
+    """A synthetic run reads none of data.jsonl/format/image_dir/split: changing them leaves its hash; a run on a
+    user's file reads them, so there they change it."""
+    base = results.config_hash("configs/demo.yaml", ["seed=0"])
+    assert base == results.config_hash("configs/demo.yaml", ["seed=0", "data.split=val", "data.format=verl"])
+    user = ["seed=0", "data.jsonl=my.parquet", "data.format=verl"]
+    assert results.config_hash("configs/demo.yaml", user) != base
+    assert results.config_hash("configs/demo.yaml", user) != results.config_hash("configs/demo.yaml",
+                                                                               [*user, "data.split=val"])
