@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import ray
@@ -16,6 +17,7 @@ from mmrl.controller.reuse import HostSpec, IdlePool, PoolShape
 RemoteHost = ray.remote(WorkerHost)
 # Shares of one bundle add up to 1 (e.g. three colocated groups take 1/3 each): a float sum may exceed it by this.
 SHARE_SLACK = 1e-9
+NODE_WAIT_S = 10.0  # how long a placed group's bundle may show no node in Ray's table
 
 
 @dataclass
@@ -82,8 +84,19 @@ class ResourcePool:
         return pg
 
     def node(self, bundle: int) -> str:
-        """The id of the node that holds ``bundle`` of this pool's placement group."""
-        return ray.util.placement_group_table(self.placement_group())["bundles_to_node_id"][bundle]
+        """The id of the node that holds ``bundle`` of this pool's placement group. Just after the group is ready
+        Ray's table may still give an empty id for it (seen on a loaded machine): it is read again until it names
+        a node, for up to NODE_WAIT_S."""
+        deadline = time.monotonic() + NODE_WAIT_S
+        while True:
+            node = ray.util.placement_group_table(self.placement_group())["bundles_to_node_id"].get(bundle, "")
+            if node or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if not node:
+            raise RuntimeError(f"resource pool {self.name!r}: Ray's placement group table names no node for bundle "
+                               f"{bundle} {NODE_WAIT_S:g} s after the group was placed")
+        return node
 
     def scheduling(self, rank: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(
