@@ -79,6 +79,10 @@ _FIELD_TYPES: dict[str, type] = {
     "prompt": str, "model_image_sizes": list, "response_tokens": int, "max_response_tokens": int, "episode": dict,
 }
 REWARD_KEYWORDS: tuple[str, ...] = tuple(f.name for f in fields(RewardInput))
+PEER_KEYWORDS: dict[str, str] = {"solution_str": "response"}
+"""Parameter names the peers' reward functions use for a :class:`RewardInput` field: verl's
+``compute_score(data_source, solution_str, ground_truth, extra_info)`` runs as it is (``extra_info`` is a column
+of verl's rows, so it comes from ``extra``)."""
 _REQUIRED = inspect.Parameter.empty
 
 
@@ -138,8 +142,9 @@ def plan_call(fn: RewardFn) -> CallPlan:
         return CallPlan(fields=REWARD_KEYWORDS, columns=(), **kind)
     named = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
     return CallPlan(
-        fields=tuple(p.name for p in named if p.name in REWARD_KEYWORDS),
-        columns=tuple((p.name, p.default) for p in named if p.name not in REWARD_KEYWORDS),
+        fields=tuple(p.name for p in named if p.name in REWARD_KEYWORDS or p.name in PEER_KEYWORDS),
+        columns=tuple((p.name, p.default) for p in named if p.name not in REWARD_KEYWORDS
+                      and p.name not in PEER_KEYWORDS),
         **kind,
     )
 
@@ -158,7 +163,7 @@ def bind(plan: CallPlan, inp: RewardInput, owner: str) -> dict[str, Any]:
     A column missing from the row takes its parameter's default; a required one raises TypeError
     naming it and listing the columns the row has.
     """
-    kwargs = {name: getattr(inp, name) for name in plan.fields}
+    kwargs = {name: getattr(inp, PEER_KEYWORDS.get(name, name)) for name in plan.fields}
     for name, default in plan.columns:
         if name in inp.extra:
             kwargs[name] = inp.extra[name]

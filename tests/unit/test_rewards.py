@@ -187,6 +187,19 @@ def test_call_reward_fn_passes_only_accepted_keywords() -> None:
     assert seen == {"response": "resp", "extra": {"k": 1}}
 
 
+def test_a_verl_compute_score_runs_as_verl_calls_it() -> None:
+    """verl's signature: ``solution_str`` is the response, ``extra_info`` the verl row's column (in ``extra``); the
+    runner ships the response for it."""
+    from rewards.runner import fields_read
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        return float(solution_str.strip() == ground_truth) + extra_info["index"] / 100
+
+    sample = inp(" 7", "7", data_source="digits", extra={"extra_info": {"split": "train", "index": 3}})
+    assert call_reward_fn(compute_score, sample) == {"score": pytest.approx(1.03)}
+    assert set(fields_read(compute_score)) == {"data_source", "response", "ground_truth", "extra"}
+
+
 def test_call_reward_fn_passes_all_keywords_to_var_kwargs() -> None:
     seen: dict[str, object] = {}
 
