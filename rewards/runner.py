@@ -18,8 +18,17 @@ from typing import Any
 
 from mmrl.plugins.outcome import Emit, Outcome, raised, timed_out
 from rewards.registry import resolve
-from rewards.types import (PEER_KEYWORDS, CallPlan, RewardFn, RewardInput, bind, describe_fn, is_result_list,
-                           plan_call, to_plain)
+from rewards.types import (
+    PEER_KEYWORDS,
+    CallPlan,
+    RewardFn,
+    RewardInput,
+    bind,
+    describe_fn,
+    is_result_list,
+    plan_call,
+    to_plain,
+)
 
 BULKY_FIELDS = ("images", "videos", "extra")  # not sent to a function known not to take them
 NOUN = "reward"  # what a spec names, in messages: "reward worker", "reward function"

@@ -12,7 +12,14 @@ from PIL import Image
 from sklearn.datasets import load_digits
 
 from data_prep.digits_task import (
-    ANSWERS, QUESTION, SOURCE, digits_corpus, digits_splits, load_scans, scan_png, split_indices,
+    ANSWERS,
+    QUESTION,
+    SOURCE,
+    digits_corpus,
+    digits_splits,
+    load_scans,
+    scan_png,
+    split_indices,
 )
 from data_prep.records import ImageLimits
 from data_prep.video import VideoLimits
