@@ -158,3 +158,22 @@ def trl_folder(folder: Path, name: str, count: int, start: int = 0) -> Path:
     path = folder / name
     trl_dataset(count, start).save_to_disk(str(path))
     return path
+
+
+def convert_checked(tmp_path: Path, source: Path, fmt: str, split: str = "train", media: Path | None = None):
+    """(report, rows by id, quarantine entries by row number) of one conversion at a small pixel budget, each row
+    valid and the counts adding up (in = written + quarantined)."""
+    import json
+
+    from data_prep.convert import convert_jsonl
+    from mmrl.schema import read_parquet, validate_row
+
+    out, quarantine = tmp_path / "out.parquet", tmp_path / "q.jsonl"
+    report = convert_jsonl(source, media or source.parent, out, quarantine, fmt=fmt, split=split,
+                           min_pixels=28 * 28, max_pixels=56 * 56)
+    rows = read_parquet(out)
+    entries = [json.loads(line) for line in quarantine.read_text().splitlines()]
+    assert report.num_in == report.num_written + report.num_quarantined == len(rows) + len(entries)
+    for row in rows:
+        validate_row(row)
+    return report, {r["id"]: r for r in rows}, {e["line"]: e for e in entries}

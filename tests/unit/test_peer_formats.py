@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from data_prep.convert import convert_jsonl
-from mmrl.schema import decode_image, read_parquet, validate_row
+from mmrl.schema import decode_image, read_parquet
+from tests import peer_files
 
 
 def png(colour, size=(60, 40)) -> bytes:
@@ -20,15 +20,7 @@ def png(colour, size=(60, 40)) -> bytes:
 
 
 def convert(tmp_path, source, fmt, split="train"):
-    out, quarantine = tmp_path / "out.parquet", tmp_path / "q.jsonl"
-    report = convert_jsonl(source, tmp_path / "media", out, quarantine, min_pixels=28 * 28, max_pixels=56 * 56,
-                           fmt=fmt, split=split)
-    rows = read_parquet(out)
-    entries = [json.loads(line) for line in quarantine.read_text().splitlines()]
-    assert report.num_in == report.num_written + report.num_quarantined == len(rows) + len(entries)
-    for row in rows:
-        validate_row(row)
-    return report, {r["id"]: r for r in rows}, {e["line"]: e for e in entries}
+    return peer_files.convert_checked(tmp_path, source, fmt, split, tmp_path / "media")
 
 
 @pytest.fixture

@@ -12,25 +12,17 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from data_prep.convert import convert_jsonl, convert_splits
+from data_prep.convert import convert_splits
 from data_prep.peer_formats import hf_layout
 from data_prep.splits import plan_splits
-from mmrl.schema import decode_image, read_parquet, validate_row
+from mmrl.schema import decode_image, read_parquet
 from tests import peer_files
 
 BUDGET = {"min_pixels": 28 * 28, "max_pixels": 56 * 56}
 
 
 def convert(tmp_path, source, fmt, split="train", media=None):
-    """(report, rows by id, quarantine entries by row number) of one conversion; in = written + quarantined."""
-    out, quarantine = tmp_path / "out.parquet", tmp_path / "q.jsonl"
-    report = convert_jsonl(source, media or source.parent, out, quarantine, fmt=fmt, split=split, **BUDGET)
-    rows = read_parquet(out)
-    entries = [json.loads(line) for line in quarantine.read_text().splitlines()]
-    assert report.num_in == report.num_written + report.num_quarantined == len(rows) + len(entries)
-    for row in rows:
-        validate_row(row)
-    return report, {r["id"]: r for r in rows}, {e["line"]: e for e in entries}
+    return peer_files.convert_checked(tmp_path, source, fmt, split, media)
 
 
 def looks_like(stored: bytes, source: Image.Image) -> float:
