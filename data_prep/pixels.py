@@ -17,6 +17,8 @@ import math
 
 from PIL import Image
 
+from mmrl.models.image_modes import to_rgb
+
 
 def validate_budget(min_pixels: int, max_pixels: int, factor: int) -> None:
     """Raise ValueError unless the budget is usable."""
@@ -121,31 +123,6 @@ def fit_pixel_budget(
     if min_pixels <= new_w * new_h <= max_pixels:
         return new_w, new_h
     return _nearest_in_budget(width, height, min_pixels, max_pixels, factor)
-
-
-def to_rgb(img: Image.Image) -> Image.Image:
-    """Convert to RGB, putting transparent areas on white rather than black (a palette with a transparent index
-    included); 16-bit grey is scaled to 8 bits (:func:`to_8bit`), CMYK converted by Pillow's formula (an embedded
-    ICC profile is not applied)."""
-    if img.mode == "RGB":
-        return img
-    if img.mode.startswith("I"):
-        img = to_8bit(img)
-    has_alpha = img.mode in ("RGBA", "LA", "PA") or "transparency" in img.info
-    if not has_alpha:
-        return img.convert("RGB")
-    rgba = img.convert("RGBA")
-    white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-    return Image.alpha_composite(white, rgba).convert("RGB")
-
-
-def to_8bit(img: Image.Image) -> Image.Image:
-    """A 16-bit grey image (modes ``I;16*``, and ``I``, which Pillow also gives some 16-bit files) as 8-bit grey
-    (``L``), 0..65535 scaled to 0..255 (rounded): Pillow's own conversion clips every value over 255 to white."""
-    import numpy as np
-
-    values = np.asarray(img, dtype=np.int64).clip(0, 65535)
-    return Image.fromarray(((values * 255 + 32767) // 65535).astype(np.uint8), mode="L")
 
 
 def resize_to_budget(img: Image.Image, min_pixels: int, max_pixels: int, factor: int = 28,

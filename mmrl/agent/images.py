@@ -5,9 +5,9 @@
 - an animated image (GIF, APNG, multi-page TIFF; ``n_frames > 1``) gives its **first frame**, whichever frame the
   tool left it on, and reports the repair ``animated_image``;
 - an EXIF orientation is applied (``ImageOps.exif_transpose``): the model sees the picture the right way up;
-- the mode becomes RGB as the image shows: transparency (an alpha band, or a palette's or a colour's
-  ``transparency``) is composited over white; 16- and 32-bit integer grey (``I;16*``, ``I``) is scaled from
-  0..65535 to 0..255 (not clipped to white); CMYK, 1-bit, palette, grey and the rest are converted by PIL.
+- the mode becomes RGB as the image shows (:func:`mmrl.models.image_modes.to_rgb`, as for a user's images):
+  transparency over white, 16-bit grey scaled to 8 bits; PIL cannot convert ``La``, so such an image is a
+  ``bad_image``.
 
 :func:`fitted` (in the driver): an image more than :data:`~mmrl.agent.builtin.MAX_ASPECT` times longer than wide
 is refused (the processors refuse extreme ratios: Qwen's past 200, which raised ValueError while the turn was
@@ -20,9 +20,7 @@ from __future__ import annotations
 from PIL import Image, ImageOps
 
 from mmrl.agent.builtin import MAX_ASPECT, scaled
-
-_WIDE_GREY = ("I;16", "I;16L", "I;16B", "I;16N", "I")  # integer grey read as 16 bits per pixel
-_ALPHA = ("RGBA", "LA", "PA", "RGBa")  # PIL cannot convert "La": such an image is a bad_image
+from mmrl.models.image_modes import to_rgb
 
 
 def upright_rgb(image: Image.Image) -> tuple[Image.Image, tuple[str, ...]]:
@@ -33,17 +31,7 @@ def upright_rgb(image: Image.Image) -> tuple[Image.Image, tuple[str, ...]]:
         image.seek(0)
         repairs = ("animated_image",)
     image = ImageOps.exif_transpose(image)  # a copy of the current frame, turned upright
-    return _rgb(image), repairs
-
-
-def _rgb(image: Image.Image) -> Image.Image:
-    if image.mode in _WIDE_GREY:
-        image = image.convert("I").point(lambda v: v * (1 / 257)).convert("L")  # 65535 -> 255, clipped to 0..255
-    if image.mode in _ALPHA or "transparency" in image.info:
-        rgba = image.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
-    return image.convert("RGB")
+    return to_rgb(image), repairs
 
 
 def fitted(image: Image.Image, max_pixels: int) -> Image.Image | str:
