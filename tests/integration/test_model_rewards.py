@@ -15,6 +15,7 @@ from mmrl.answer_format import format_answer
 from mmrl.config import load_config
 from mmrl.controller import ResourcePool, WorkerGroup
 from mmrl.models.loading import load_processor
+from mmrl.plugins.safe_text import clean
 from mmrl.protocol import Batch
 from mmrl.rollout.samples import encode_rows
 from mmrl.schema import decode_images
@@ -141,8 +142,9 @@ def test_the_judge_asks_through_its_engine_and_parses_each_verdict(tiny_config, 
         out = group.judge(batch)
     finally:
         group.shutdown()
-    expected = reference_greedy(tiny_model_dir, judge_questions(batch, cfg.reward.judge.template),
-                                cfg.reward.judge.max_new_tokens)
+    generated = reference_greedy(tiny_model_dir, judge_questions(batch, cfg.reward.judge.template),
+                                 cfg.reward.judge.max_new_tokens)
+    expected = [clean(text) for text in generated]  # the judge's answers are made safe before they are parsed
     assert out["judge_text"] == expected
     verdicts = [parse_verdict(t) for t in expected]
     assert out["judge_scores"].tolist() == [v or 0.0 for v in verdicts]
