@@ -110,6 +110,9 @@ class TrackingConfig:
     whose ``predict`` gives greedy answers; :mod:`mmrl.trainer.policy_model`)."""
     register_model: str = ""
     """When set, the logged policy is also registered under this name in the model registry."""
+    trace_episodes: int = num(0, ge=0)
+    """Samples of each RL step logged as MLflow traces of the run (:mod:`mmrl.trainer.traces`: one trace per
+    episode, a span per turn and tool call, the images as attachments); 0: none."""
 
 
 @dataclass(kw_only=True)

@@ -13,6 +13,7 @@ from mmrl.agent.rollout import agent_metrics
 from mmrl.config import Config
 from mmrl.controller import WorkerGroup
 from mmrl.protocol import Batch
+from mmrl.trainer.traces import log_traces
 
 GuideRunner = Callable[[Batch], Batch]
 
@@ -45,6 +46,12 @@ class SingleTurn:
     def metrics(self, batch: Batch, tools: list[str]) -> dict[str, float]:
         """The step's metrics of its samples' kind."""
         return {}
+
+    def trace(self, batch: Batch, step: int) -> int:
+        """``tracking.trace_episodes`` of the step's scored samples as MLflow traces of the active run
+        (:mod:`mmrl.trainer.traces`): a single response is a trace of one span, an episode (whose record the batch
+        holds) has a span per turn and tool call besides. Returns how many were logged."""
+        return log_traces(batch, step, self.cfg.tracking.trace_episodes) if self.cfg.tracking.trace_episodes else 0
 
 
 class AgentEpisodes(SingleTurn):

@@ -177,6 +177,7 @@ class RLTrainer:
         with self.timer("step"):
             syncs = self.begin_step()
             batch, metrics = self.collect(prompts)
+            self.episodes.trace(batch, self.step_no + 1)  # tracking.trace_episodes of them, as MLflow traces
             self.source.release()
             batch = self.old_log_probs.add(batch, self.workers)
             fill_behaviour(batch)  # the guides' (trainer.guide_unsolved), which no engine drew
