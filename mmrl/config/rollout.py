@@ -92,5 +92,13 @@ class RolloutConfig:
     weight_transport: Literal["object_store", "nccl"] = "object_store"
     """``trainer.mode=async``: how the trainer's weights reach the rollout pool (:mod:`mmrl.trainer.weight_transport`):
     through Ray's object store; ``nccl`` (a broadcast on GPUs) is the seam, not built."""
+    partial: bool = False
+    """``trainer.mode=async``: in-flight weight updates. A generation still running when the trainer publishes new
+    weights loads them at a token boundary and goes on with them (its context is prefilled again with the new
+    weights, so each token's behaviour log-prob is that of the version that drew it); each token records its
+    version (``token_versions``) and the staleness bound holds per token. False: a batch is drawn wholly with the
+    weights it started with."""
+    partial_poll_tokens: int = num(8, ge=1)
+    """``rollout.partial``: how often (in tokens drawn) a rollout rank asks the transport for newer weights."""
 
 
