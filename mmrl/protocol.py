@@ -40,7 +40,10 @@ KNOWN_KEYS: dict[str, str] = {
     "response_text": "object: decoded response",
     "prompt_tokens": "tensor (B,) int64: tokens of the sample's prompt (image tokens included)",
     "image_grids": "object: the prompt's image grids as the model saw them, a list of (t, h, w) per image",
-    "weight_version": "tensor (B,) int64: the version of the policy weights that sampled the response",
+    "weight_version": "tensor (B,) int64: the version of the policy weights that sampled the response (with "
+                      "in-flight updates, its first token, the oldest)",
+    "token_versions": "tensor (B, R) int64: with in-flight weight updates (rollout.partial), the version that "
+                      "sampled each response token",
     "rollout_log_probs": "tensor (B, R) float32: log-probs the rollout engine reported",
     # actor / reference
     "old_log_probs": "tensor (B, R) float32: log-probs of the policy before the update",

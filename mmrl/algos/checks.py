@@ -41,6 +41,8 @@ def check_algorithm_config(cfg: Config, given: frozenset[str]) -> None:
         check_guidance(cfg)
     if cfg.trainer.mode == "async":
         check_async(cfg, algorithm)
+    if cfg.rollout.partial:
+        check_partial(cfg)
     if cfg.rollout.weight_transport == "nccl":
         raise NotImplementedError("rollout.weight_transport=nccl: the NCCL/CUDA-IPC broadcast to the rollout pool is a "
                                   "seam, not built (mmrl/trainer/weight_transport.py); use object_store")
@@ -86,3 +88,16 @@ def check_async(cfg: Config, algorithm: type[Algorithm]) -> None:
         raise ConfigError(f"trainer.mode=async: {name} generates extra rollouts with the current weights inside the "
                           "step (ReMax's greedy baseline), which the rollout pool would give from older weights: "
                           "use trainer.mode=sync")
+
+
+def check_partial(cfg: Config) -> None:
+    """What ``rollout.partial`` (in-flight weight updates) needs: a rollout pool that weights reach while it
+    generates (async mode), and an engine whose decode loop can switch weights between tokens (hf)."""
+    if cfg.trainer.mode != "async":
+        raise ConfigError("rollout.partial=true loads new weights into generations already running on the rollout "
+                          "pool; in trainer.mode=sync the weights never change during a generation: set "
+                          "trainer.mode=async, or rollout.partial=false")
+    if cfg.rollout.engine != "hf":
+        raise ConfigError(f"rollout.partial=true with rollout.engine={cfg.rollout.engine}: only the hf engine's "
+                          "decode loop switches weights between tokens (vLLM would need its engine paused and its KV "
+                          "cache dropped at a token boundary, not built); use rollout.engine=hf or rollout.partial=false")

@@ -21,7 +21,9 @@ class RolloutOutput:
     response_mask: (B*n, R) float32, 1 up to and including the eos token;
     log_probs: (B*n, R) float32 under the sampling distribution (temperature, vision tokens banned);
     kept: when the engine was asked to keep them, per row what it keeps of the row's context for the row's next
-    turn (an engine's own handle, None for a row it kept nothing of); None otherwise.
+    turn (an engine's own handle, None for a row it kept nothing of); None otherwise;
+    versions: with in-flight weight updates (:mod:`mmrl.rollout.inflight`), (B*n, R) int64, the weights' version
+    that drew each token; None when the whole call ran on one version.
     """
 
     responses: torch.Tensor
@@ -29,6 +31,7 @@ class RolloutOutput:
     log_probs: torch.Tensor
     texts: list[str]
     kept: list[Any] | None = None
+    versions: torch.Tensor | None = None
 
 
 class PromptTooLong(ValueError):

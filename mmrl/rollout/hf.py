@@ -9,6 +9,11 @@ Two ways to hold the weights, chosen by the hybrid worker:
   receives the actor's full tensors one at a time (gathered part by part from the FSDP shards) when the
   actor's weights changed; with ``rollout.free_cache_engine`` the hybrid worker calls :meth:`release`
   after a step's rollouts, which empties the parameters until the next update.
+
+An owner of the engine may set :attr:`HFRolloutEngine.updates` (the async mode's rollout rank with
+``rollout.partial``): the engine then loads newer weights between the tokens of a generation
+(:mod:`mmrl.rollout.inflight`) and its outputs record each token's version. An episode's cache kept from a turn
+drawn with older weights is not continued: that episode's next turn prefills its whole context.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from mmrl.config import Config
 from mmrl.models.encoding import EncodedPrompt, vision_token_ids
 from mmrl.models.loading import load_model
 from mmrl.rollout.base import RolloutOutput, SamplingParams, check_lengths
+from mmrl.rollout.inflight import InFlightUpdates
 from mmrl.rollout.kept import KeptContext
 from mmrl.rollout.sampler import Decoding, Sampled, sample_continuation, sample_shared_prefill
 
@@ -56,6 +62,8 @@ class HFRolloutEngine:
         self.pad_id = self.tokenizer.pad_token_id
         self.eos_id = self.tokenizer.eos_token_id
         self.banned_ids = vision_token_ids(processor)
+        self.updates: InFlightUpdates | None = None
+        self.loads = 0  # weight loads so far: a kept cache records the one it was made with
 
     @classmethod
     def build(
@@ -108,6 +116,7 @@ class HFRolloutEngine:
         if seen != set(params):
             missing = sorted(set(params) - seen)
             raise ValueError(f"update_weights: {len(missing)} parameters were not given, e.g. {missing[:3]}")
+        self.loads += 1
         return len(seen)
 
     def shutdown(self) -> None:
@@ -132,23 +141,44 @@ class HFRolloutEngine:
         return self._joined([self._run(lambda: sample_shared_prefill(
             self.model, prompts[a:b], params.n, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
             top_p=params.top_p, top_k=params.top_k, greedy=params.greedy, banned_ids=self.banned_ids,
-            eos_id=self.eos_id, pad_id=self.pad_id, device=self.device, keep=keep), params.max_new_tokens)
-            for a, b in self.prompt_ranges(prompts, params)], keep)
+            eos_id=self.eos_id, pad_id=self.pad_id, device=self.device, keep=keep, updates=self.updates),
+            params.max_new_tokens) for a, b in self.prompt_ranges(prompts, params)], keep)
 
     @torch.no_grad()
     def continue_generate(self, contexts: Sequence[EncodedPrompt], suffixes: Sequence[EncodedPrompt],
                           kept: Sequence[KeptContext], params: SamplingParams, keep: bool = False) -> RolloutOutput:
         """One response per context (``params.n`` must be 1) whose first ``kept[i].length`` tokens the model
         ran in an earlier call (``kept`` from its output); ``suffixes[i]``: the rest of the context, with the
-        media of those tokens only. Only the suffixes are prefilled (:func:`~mmrl.rollout.sampler.sample_continuation`)."""
+        media of those tokens only. Only the suffixes are prefilled (:func:`~mmrl.rollout.sampler.sample_continuation`);
+        a context kept with older weights than the engine's is prefilled whole."""
         if params.n != 1:
             raise ValueError(f"continue_generate samples one continuation per context, not n={params.n}")
+        stale = [i for i, k in enumerate(kept) if k.weights != self.loads]
+        if stale:
+            return self._stale_split(contexts, suffixes, kept, params, keep, stale)
         check_lengths(contexts, params.max_new_tokens, self.max_model_len)
         decoding = Decoding(params.max_new_tokens, params.temperature, params.top_p, params.top_k, params.greedy,
                             self.banned_ids, self.eos_id, self.pad_id)
         return self._joined([self._run(lambda: sample_continuation(
-            self.model, contexts[a:b], suffixes[a:b], kept[a:b], decoding, self.device, keep), params.max_new_tokens)
-            for a, b in self.prompt_ranges(contexts, params)], keep)
+            self.model, contexts[a:b], suffixes[a:b], kept[a:b], decoding, self.device, keep, self.updates),
+            params.max_new_tokens) for a, b in self.prompt_ranges(contexts, params)], keep)
+
+    def _stale_split(self, contexts: Sequence[EncodedPrompt], suffixes: Sequence[EncodedPrompt],
+                     kept: Sequence[KeptContext], params: SamplingParams, keep: bool, stale: list[int]) -> RolloutOutput:
+        """:meth:`continue_generate` when the rows ``stale`` were kept with older weights: those are generated from
+        their whole contexts, the others continued; the output in the rows' order."""
+        fresh = [i for i in range(len(contexts)) if i not in set(stale)]
+        pieces = [self.generate([contexts[i] for i in stale], params, keep)]
+        if fresh:
+            pieces.append(self.continue_generate([contexts[i] for i in fresh], [suffixes[i] for i in fresh],
+                                                 [kept[i] for i in fresh], params, keep))
+        whole = self._joined(pieces, keep)
+        order = torch.tensor(stale + fresh).argsort().tolist()
+        return RolloutOutput(
+            responses=whole.responses[order], response_mask=whole.response_mask[order],
+            log_probs=whole.log_probs[order], texts=[whole.texts[i] for i in order],
+            kept=[whole.kept[i] for i in order] if keep else None,
+            versions=None if whole.versions is None else whole.versions[order])
 
     @staticmethod
     def _joined(pieces: list[RolloutOutput], keep: bool) -> RolloutOutput:
@@ -158,6 +188,7 @@ class HFRolloutEngine:
             log_probs=torch.cat([p.log_probs for p in pieces]),
             texts=[t for p in pieces for t in p.texts],
             kept=[k for p in pieces for k in p.kept] if keep else None,
+            versions=torch.cat([p.versions for p in pieces]) if all(p.versions is not None for p in pieces) else None,
         )
 
     def _run(self, sample: Callable[[], Sampled], width: int) -> RolloutOutput:
@@ -165,16 +196,21 @@ class HFRolloutEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            tokens, logp, kept = sample()
+            tokens, logp, kept, versions = sample()
         finally:
             self.model.train(was_training)
         responses, mask = self._pad_after_eos(tokens, width)
         logp = torch.nn.functional.pad(logp, (0, width - logp.shape[1])) * mask
+        if versions is not None:  # padded with each row's last version: a row's oldest is its first token's
+            versions = torch.cat([versions, versions[:, -1:].expand(-1, width - versions.shape[1])], dim=1)
+        for k in kept or []:
+            if k is not None:
+                k.weights = self.loads
         texts = self.tokenizer.batch_decode(
             [row[: int(m.sum())] for row, m in zip(responses, mask)], skip_special_tokens=False
         )
         return RolloutOutput(responses=responses, response_mask=mask, log_probs=logp, texts=texts,
-                             kept=kept if kept is not None else [None] * len(responses))
+                             kept=kept if kept is not None else [None] * len(responses), versions=versions)
 
     def _pad_after_eos(self, tokens: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens (B, L<=width) -> responses (B, width) padded after the first eos, mask (B, width)."""

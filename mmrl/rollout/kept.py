@@ -23,10 +23,12 @@ from transformers import DynamicCache
 
 @dataclass(eq=False)
 class KeptContext:
-    """One row's cache: per layer, keys and values (H, C, D) of the first C = ``length`` tokens of its context."""
+    """One row's cache: per layer, keys and values (H, C, D) of the first C = ``length`` tokens of its context;
+    ``weights``: which of the engine's weight loads made it (a cache of older weights is not continued)."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+    weights: int = 0
 
     @property
     def length(self) -> int:

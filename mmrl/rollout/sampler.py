@@ -12,13 +12,17 @@ the training forward's path), its features handed to the model.
 
 A later turn of an agent episode continues from what the cache held after the episode's previous turn
 (:func:`sample_continuation`, :mod:`mmrl.rollout.kept`): only the new tokens and the new images are run.
+
+With in-flight weight updates (:mod:`mmrl.rollout.inflight`) the loop asks for newer weights between tokens; after
+a switch the rows' contexts and the tokens drawn so far are prefilled again with the new weights
+(:func:`prefill_again`, the training forward's inputs) and each token records the version that drew it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -26,6 +30,7 @@ from mmrl.models.encoding import EncodedPrompt, collate
 from mmrl.models.families import family_of
 from mmrl.models.forward import core_model, encode_media, text_inputs
 from mmrl.models.logprobs import policy_log_softmax
+from mmrl.rollout.inflight import InFlightUpdates
 from mmrl.rollout.kept import KeptContext, joined, keep_rows, keepable
 
 
@@ -71,10 +76,20 @@ class Decoding:
     pad_id: int
 
 
-Sampled = tuple[torch.Tensor, torch.Tensor, list[KeptContext | None] | None]
-"""tokens (B, L) int64 (L <= max_new_tokens, the pad id after a row's eos), their log-probs (B, L) float32
-under the policy's distribution, untruncated, and, when asked for, each row's kept context (None for a row
-that did not end with eos)."""
+class Sampled(NamedTuple):
+    """tokens (B, L) int64 (L <= max_new_tokens, the pad id after a row's eos), their log-probs (B, L) float32
+    under the policy's distribution, untruncated; when asked for, each row's kept context (None for a row that did
+    not end with eos); with in-flight updates, the weights' version that drew each token (B, L) int64."""
+
+    tokens: torch.Tensor
+    log_probs: torch.Tensor
+    kept: list[KeptContext | None] | None = None
+    versions: torch.Tensor | None = None
+
+
+Rerun = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, Any, torch.Tensor]]
+"""(tokens drawn so far (B, s), their attention (B, s)) -> the next token's logits (B, V), the new cache, and the
+attention (B, W + s) over the cache's columns: the rows' contexts run again with the model's current weights."""
 
 
 @torch.no_grad()
@@ -93,10 +108,12 @@ def sample_shared_prefill(
     pad_id: int,
     device: torch.device,
     keep: bool = False,
+    updates: InFlightUpdates | None = None,
 ) -> Sampled:
     """n samples for each of the G distinct ``prompts`` (rows grouped by prompt): tokens and log-probs
-    (G*n, L) (see :data:`Sampled`); with ``keep``, each row's context as the cache holds it after the turn
-    (:mod:`mmrl.rollout.kept`), for a later turn of the same episode.
+    (G*n, L) (see :class:`Sampled`); with ``keep``, each row's context as the cache holds it after the turn
+    (:mod:`mmrl.rollout.kept`), for a later turn of the same episode; with ``updates``, newer weights are loaded
+    between tokens (:mod:`mmrl.rollout.inflight`).
     """
     core = core_model(model)
     family = family_of(core.config)
@@ -111,8 +128,9 @@ def sample_shared_prefill(
     attention = inputs["attention_mask"].repeat_interleave(n, dim=0)
     next_position = (positions.amax(dim=(0, 2)) + 1).repeat_interleave(n)  # (G*n,)
     decoding = Decoding(max_new_tokens, temperature, top_p, top_k, greedy, banned_ids, eos_id, pad_id)
+    rows = [p for p in prompts for _ in range(n)]
     return decode(model, family.position_axes, family.model_positions, cache, logits, attention, next_position,
-                  decoding, keep)
+                  decoding, keep, updates, prefill_again(model, rows, pad_id, device))
 
 
 @torch.no_grad()
@@ -124,6 +142,7 @@ def sample_continuation(
     decoding: Decoding,
     device: torch.device,
     keep: bool = False,
+    updates: InFlightUpdates | None = None,
 ) -> Sampled:
     """One sample for each of B contexts whose first ``kept[i].length`` tokens the model has run already.
 
@@ -153,29 +172,57 @@ def sample_continuation(
                 position_ids=family.model_positions(positions), past_key_values=cache, use_cache=True,
                 logits_to_keep=1)
     return decode(model, family.position_axes, family.model_positions, out.past_key_values, out.logits[:, -1],
-                  attention, next_position, decoding, keep)
+                  attention, next_position, decoding, keep, updates,
+                  prefill_again(model, contexts, decoding.pad_id, device))
+
+
+def prefill_again(model: torch.nn.Module, rows: Sequence[EncodedPrompt], pad_id: int, device: torch.device) -> Rerun:
+    """The :data:`Rerun` of B rows whose contexts are ``rows`` (a prompt object repeated for its samples has its
+    pixels sent and encoded once): the contexts and the tokens drawn so far, collated as the training forward
+    collates a prompt and its response, in one forward with the model's current weights."""
+    core = core_model(model)
+    family = family_of(core.config)
+
+    def rerun(tokens: torch.Tensor, drawn: torch.Tensor) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        inputs = {k: v.to(device) for k, v in collate(rows, pad_id, tokens.cpu(), drawn.cpu(),
+                                                       share_media=True).items()}
+        positions = family.positions(core, inputs)
+        media, _ = encode_media(core, inputs, always=False)
+        out = model(**text_inputs(inputs), mm_encoder_outputs=media or None,
+                    position_ids=family.model_positions(positions), use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1], out.past_key_values, inputs["attention_mask"]
+
+    return rerun
 
 
 def decode(model: torch.nn.Module, axes: int, model_positions: Callable[[torch.Tensor], torch.Tensor], cache: Any,
            logits: torch.Tensor, attention: torch.Tensor, next_position: torch.Tensor, decoding: Decoding,
-           keep: bool) -> Sampled:
+           keep: bool, updates: InFlightUpdates | None = None, rerun: Rerun | None = None) -> Sampled:
     """The decode loop after a prefill: logits (B, V) of each row's next token, attention (B, W) over the
     cache's W columns, next_position (B,) the position of each row's first new token (the same on all
-    ``axes``). Each step draws a token per row and runs the unfinished rows' tokens with the cache."""
+    ``axes``). Each step draws a token per row and runs the unfinished rows' tokens with the cache. With
+    ``updates``, every ``updates.every`` tokens it polls for newer weights; after a switch ``rerun`` prefills the
+    contexts and the tokens drawn so far with them, in place of the step's one-token forward."""
     prefix = attention.shape[1]
     scale = 1.0 if decoding.greedy else decoding.temperature
     finished = torch.zeros(len(logits), dtype=torch.bool, device=logits.device)
-    tokens, log_probs = [], []
+    tokens, log_probs, versions = [], [], []
     for step in range(decoding.max_new_tokens):
         logp = policy_log_softmax(logits, decoding.banned_ids, scale)
         token = draw(logp, decoding.greedy, decoding.top_k, decoding.top_p)
         token = token.masked_fill(finished, decoding.pad_id)
         tokens.append(token)
         log_probs.append(logp.gather(-1, token[:, None]).squeeze(-1).masked_fill(finished, 0.0))
+        if updates is not None:
+            versions.append(updates.version())
         finished |= token == decoding.eos_id
         if bool(finished.all()) or step == decoding.max_new_tokens - 1:
             break
         attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
+        if updates is not None and rerun is not None and (step + 1) % updates.every == 0 and updates.poll():
+            logits, cache, attention = rerun(torch.stack(tokens, dim=1), attention[:, prefix:])
+            prefix = attention.shape[1] - len(tokens)
+            continue
         position = (next_position + step).view(1, -1, 1).expand(axes, -1, -1)
         logits = model(input_ids=token[:, None], attention_mask=attention, position_ids=model_positions(position),
                        past_key_values=cache, use_cache=True).logits[:, -1]
@@ -186,4 +233,5 @@ def decode(model: torch.nn.Module, axes: int, model_positions: Callable[[torch.T
         ended = out == decoding.eos_id
         ends = [prefix + int(row.nonzero()[0]) if bool(row.any()) else None for row in ended]
         kept = keep_rows(cache, attention, ends)
-    return out.cpu(), torch.stack(log_probs, dim=1).float().cpu(), kept
+    drawn_by = torch.tensor(versions, dtype=torch.long).expand(len(out), -1).clone() if updates is not None else None
+    return Sampled(out.cpu(), torch.stack(log_probs, dim=1).float().cpu(), kept, drawn_by)

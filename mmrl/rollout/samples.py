@@ -43,7 +43,8 @@ def sample_encoded(engine: RolloutEngine, prompts: Sequence[EncodedPrompt], para
     """B encoded prompts -> B*n samples, the n samples of prompt i at rows i*n .. i*n+n-1.
 
     Returns responses (B*n, R), response_mask and policy_mask (B*n, R; equal: a single-turn response is the
-    policy's own), rollout_log_probs (B*n, R), weight_version (B*n,) (``version``), prompt_tokens (B*n,),
+    policy's own), rollout_log_probs (B*n, R), weight_version (B*n,) (``version``; with in-flight weight updates
+    the version of each sample's first token, its oldest, and token_versions (B*n, R) each token's), prompt_tokens (B*n,),
     response_text, and image_grids (per sample the prompt's (t, h, w) grids, one list shared by its n
     samples, for rewards that need image sizes). The encodings themselves (``prompt``) come back only
     ``with_prompts``: they stay on the worker that encoded them.
@@ -56,17 +57,18 @@ def sample_encoded(engine: RolloutEngine, prompts: Sequence[EncodedPrompt], para
     if with_prompts:
         objects["prompt"] = [p for p in prompts for _ in range(n)]
     lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long).repeat_interleave(n)
-    return Batch(
-        tensors={
-            "responses": out.responses,
-            "response_mask": out.response_mask,
-            "policy_mask": out.response_mask.clone(),
-            "rollout_log_probs": out.log_probs,
-            "weight_version": torch.full((len(lengths),), version, dtype=torch.long),
-            "prompt_tokens": lengths,
-        },
-        objects=objects,
-    )
+    tensors = {
+        "responses": out.responses,
+        "response_mask": out.response_mask,
+        "policy_mask": out.response_mask.clone(),
+        "rollout_log_probs": out.log_probs,
+        "weight_version": torch.full((len(lengths),), version, dtype=torch.long),
+        "prompt_tokens": lengths,
+    }
+    if out.versions is not None:
+        tensors["token_versions"] = out.versions
+        tensors["weight_version"] = out.versions[:, 0].clone()
+    return Batch(tensors=tensors, objects=objects)
 
 
 def real_prompts(prompts: Batch) -> int:

@@ -1,8 +1,10 @@
 """A rank of the async mode's rollout pool: the rollout engine alone, with a whole copy of the policy's weights.
 
-It generates for its share of a batch's prompts, as the hybrid worker does, and loads newer weights between
-generation batches, never inside one: the samples of a batch are all drawn with one weight version, which each
-records (``weight_version``). The weights come from the trainer through the run's transport
+It generates for its share of a batch's prompts, as the hybrid worker does, and loads newer weights before each
+generation batch: the samples of a batch are all drawn with one weight version, which each records
+(``weight_version``). With ``rollout.partial`` it also loads them inside one, between tokens
+(:mod:`mmrl.rollout.inflight`: every ``rollout.partial_poll_tokens`` tokens it asks the transport), and each token
+records the version that drew it (``token_versions``). The weights come from the trainer through the run's transport
 (:mod:`mmrl.trainer.weight_transport`: Ray's object store; on GPUs the seam for a NCCL or CUDA-IPC broadcast):
 before each batch the rank asks it for the newest version and, when it is newer than its own, loads it.
 
@@ -28,6 +30,7 @@ from mmrl.models.encoding import EncodedPrompt
 from mmrl.models.loading import load_processor
 from mmrl.protocol import Batch
 from mmrl.rollout import RolloutEngine, SamplingParams, build_rollout_engine
+from mmrl.rollout.inflight import InFlightUpdates
 from mmrl.rollout.samples import pad_samples, real_prompts, sample_encoded
 from mmrl.workers.prompts import PromptCache
 
@@ -47,6 +50,9 @@ class RolloutWorker(Worker):
         self.engine: RolloutEngine = build_rollout_engine(cfg, checkpoint=checkpoint, processor=self.processor,
                                                           device=self.device)
         self.version = 0
+        if cfg.rollout.partial:
+            self.engine.updates = InFlightUpdates(self.pull_weights, lambda: self.version,
+                                                  cfg.rollout.partial_poll_tokens)
         self.prompt_cache = PromptCache(self.processor)
         self.agent: AgentRollout | None = None
         if cfg.rollout.agent.enabled:
@@ -63,11 +69,12 @@ class RolloutWorker(Worker):
         self.version = version
         return self.version
 
-    def pull_weights(self) -> None:
-        """The transport's newest weights, when they are newer than this rank's."""
+    def pull_weights(self) -> bool:
+        """The transport's newest weights, when they are newer than this rank's; True when they were loaded."""
         newer = self.transport.receive(self.version) if self.transport is not None else None
         if newer is not None:
             self.load_weights(*newer)
+        return newer is not None
 
     @register(Dispatch.DP_COMPUTE, fields=("messages", "images"), prompts=True, keep_prompts=False)
     def generate(self, prompts: Batch, params: SamplingParams) -> Batch:

@@ -2,7 +2,8 @@
 rollout rank that dies once, no sample older than max_staleness is trained on and the pool is replaced without
 stopping the trainer; a resumed run trains the prompts the interrupted one had in flight; a rollout rank frozen
 mid-run is caught by its deadline and replaced, every step still training one whole, fresh batch; evaluation
-waits for the batches in flight and survives a failed pool."""
+waits for the batches in flight and survives a failed pool; with in-flight updates a running batch switches to the
+weights published mid-generation, each token scored by the version that drew it, across a resume."""
 
 import copy
 import json
@@ -323,3 +324,74 @@ def test_async_on_vllm_draws_with_the_published_weights(tiny_config, vllm_model_
         assert torch.equal(record["versions"], torch.full_like(record["versions"], record["at"]))
     history = MlflowClient(cfg.tracking.uri).get_metric_history(run_id, "rollout/logprob_diff_max")
     assert len(history) == 3 and all(p.value < 1e-4 for p in history)
+
+
+SWITCH_AT = 3  # the token before which a running batch waits for newer weights
+
+
+def switching_rollout() -> type:
+    """A rollout worker class (for max_staleness=1) whose ranks, from their second batch on, wait at token ``SWITCH_AT``
+    (their in-flight poll there) until the trainer publishes newer weights than those they started the batch with:
+    every such batch is switched mid-generation, at that token. A batch that starts with version v is trained at v + 1,
+    after v + 1 was published, so a rank waits only when v + 1 is a step the run trains (and not in a pool's first
+    batch: it may be trained at its own version, after a resume). Defined in a function, so Ray ships it by value."""
+
+    class SwitchingRollout(RolloutWorker):
+        @register(Dispatch.DP_COMPUTE, fields=("messages", "images"), prompts=True, keep_prompts=False)
+        def generate(self, prompts, params):
+            self.calls, self.polls = getattr(self, "calls", 0) + 1, 0
+            return super().generate(prompts, params)
+
+        def pull_weights(self):
+            self.polls += 1  # poll 1 is the batch's start, poll 1 + j comes after token j - 1
+            trained = self.version + 1 < self.cfg.trainer.steps
+            if self.calls == 1 or self.polls != 1 + SWITCH_AT or not trained:
+                return super().pull_weights()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if super().pull_weights():
+                    return True
+                time.sleep(0.02)
+            return False
+
+    return SwitchingRollout
+
+
+def test_in_flight_updates_switch_a_running_batch_and_score_each_token_by_its_version(tiny_config, tmp_path):
+    """GRPO in async mode, max_staleness=1, rollout.partial with a poll every token; each batch after the first waits
+    at token 3 for the weights the trainer publishes meanwhile. The trained samples' first three tokens carry the older
+    version, the rest the trainer's own; the trainer's recomputed log-probs equal the engine's within 1e-4 exactly on
+    the tokens its own weights drew (and differ on the older ones: an entropy bonus moves the weights even when every
+    reward is 0); a sample's staleness is its oldest token's. Run 2 steps, then resume to 4: the resumed run's first
+    batch, drawn with its restored weights, is trained at that version, and its second is switched again."""
+    cfg = configured(tiny_config, tmp_path / "partial", mode="async", max_staleness=1, steps=2, save_every=1)
+    cfg.rollout.partial, cfg.rollout.partial_poll_tokens, cfg.rollout.max_new_tokens = True, 1, 8
+    cfg.actor.entropy_coeff = 0.01
+    seen = []
+
+    class Scored(RLTrainer):
+        def correct_rollouts(self, batch):
+            seen.append({"at": self.step_no, **{key: batch[key].clone() for key in (
+                "token_versions", "weight_version", "rollout_log_probs", "old_log_probs", "response_mask")}})
+            return super().correct_rollouts(batch)
+
+    for steps in (2, 4):
+        cfg.trainer.steps = steps
+        trainer = Scored(cfg)
+        trainer.source.worker = switching_rollout()
+        run_id = fit(trainer, cfg)
+    assert [s["at"] for s in seen] == [0, 1, 2, 3]
+    assert (seen[0]["token_versions"] == 0).all() and (seen[2]["token_versions"] == 2).all()
+    for step in (seen[1], seen[3]):
+        at, mask = step["at"], step["response_mask"] > 0
+        long = mask[:, SWITCH_AT]  # rows still generating at the switch
+        assert long.any()
+        versions = step["token_versions"]
+        assert (versions[:, :SWITCH_AT] == at - 1).all() and (versions[long, SWITCH_AT:] == at).all()
+        assert torch.equal(step["weight_version"], versions[:, 0])  # a sample's staleness is its oldest token's
+        diff = (step["rollout_log_probs"] - step["old_log_probs"]).abs()
+        assert diff[mask & (versions == at)].max() < 1e-4
+        assert diff[mask & (versions < at)].max() > 1e-3
+    metrics = MlflowClient(cfg.tracking.uri).get_run(run_id).data.metrics
+    assert metrics["async/staleness_max"] == 1 and 0 < metrics["async/inflight_token_share"] < 1
+    assert metrics["async/token_staleness_mean"] < metrics["async/staleness_mean"]

@@ -116,3 +116,8 @@ def test_config_rules():
             prepare_run_config(load_config(None, [f"algorithm.name={name}", "trainer.mode=async"]))
     prepare_run_config(load_config(None, ["trainer.mode=async", "rollout.agent.enabled=true"]))  # episodes too
     prepare_run_config(load_config(None, ["trainer.mode=async", "algorithm.name=pf_ppo"]))  # a filter is fine
+    for args, reason in ((["rollout.partial=true"], "trainer.mode=sync"),
+                         (["rollout.partial=true", "trainer.mode=async", "rollout.engine=vllm"], "only the hf engine")):
+        with pytest.raises(ConfigError, match=reason):
+            prepare_run_config(load_config(None, args))
+    prepare_run_config(load_config(None, ["trainer.mode=async", "rollout.partial=true", "rollout.agent.enabled=true"]))

@@ -9,8 +9,9 @@ old log-probs are recomputed by the trainer (the proximal policy), the engine's 
 (:mod:`mmrl.trainer.weight_transport`) and the queue is topped up with the next prompts.
 
 **Staleness.** A batch's samples are drawn with the newest weights published when the batch *starts*
-(:class:`~mmrl.workers.rollout_worker.RolloutWorker` loads them between batches, never inside one: in-flight
-samples finish on the weights they started with). Its staleness is the trainer's version when it is trained on
+(:class:`~mmrl.workers.rollout_worker.RolloutWorker` loads them between batches; with ``rollout.partial`` also
+between the tokens of a batch, each token recording its version, and a sample's ``weight_version`` is then its
+first token's, its oldest, so the bound below holds for every token). Its staleness is the trainer's version when it is trained on
 minus the version that drew it. With ``trainer.stale_policy=wait`` at most ``max_staleness + 1`` batches are in
 flight; a batch was submitted after the update ``max_staleness`` versions before the one it is trained at, so
 no sample is ever older than ``max_staleness`` and none is wasted, and ``max_staleness=0`` is the sync run
@@ -162,9 +163,21 @@ class PoolRollouts(RolloutSource):
             "async/staleness_mean": float(staleness.float().mean()), "async/staleness_max": float(staleness.max()),
             "async/dropped_groups": float(dropped), "async/buffer_batches": float(len(self.inflight)),
             "timing_s/wait_weights": float(samples["rollout_wait_s"].max()),
-        }
+        } | self.token_metrics(samples)
         samples.tensors.pop("rollout_wait_s")
         return prompts.repeat(params.n).union(samples)
+
+    def token_metrics(self, samples: Batch) -> dict[str, float]:
+        """With in-flight updates (``token_versions``): the staleness of the response tokens (mean) and the share of
+        them drawn by newer weights than their sample's first token."""
+        if "token_versions" not in samples.tensors:
+            return {}
+        mask = samples["response_mask"] > 0
+        versions = samples["token_versions"][mask]
+        count = max(int(mask.sum()), 1)
+        newer = (samples["token_versions"] > samples["weight_version"][:, None])[mask]
+        return {"async/token_staleness_mean": float((self.trainer_version - versions).sum()) / count,
+                "async/inflight_token_share": float(newer.sum()) / count}
 
     def take(self) -> Batch:
         """The head batch's samples (see :meth:`collected`)."""
