@@ -6,6 +6,7 @@ WorkerGroup from these subclasses instead (``RLTrainer.actor_worker`` and its si
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -200,6 +201,35 @@ class ScriptedCallsRollout(RolloutWorker):
     def init_model(self, *args: Any, **kwargs: Any) -> int:
         version = super().init_model(*args, **kwargs)
         script_calls(self.agent)
+        return version
+
+
+class DyingEpisodeRollout(ScriptedCallsRollout):
+    """A rank of the async mode's rollout pool whose agent's calls are scripted (``zoom_in``, which returns an image)
+    and which, on rank 0, kills its own process in the middle of an episode of a batch drawn with weights of version
+    1 or later (at ``max_staleness=0``, step 2's): a policy turn has called the tool and its tool turn has not run.
+    Once per run: it first leaves ``<trainer.out_dir>/rollout_died_mid_episode`` behind (JSON: its pid, its weights'
+    version, and per unfinished episode its policy turns, tool turns and pending calls), and the rebuilt pool's ranks
+    find it and live."""
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self, cfg: Any, *args: Any, **kwargs: Any) -> int:
+        version = super().init_model(cfg, *args, **kwargs)
+        marker = os.path.join(cfg.trainer.out_dir, "rollout_died_mid_episode")
+        tool_turn = self.agent.loop._tool_turn
+
+        def dying(episodes: list, stats: Any) -> None:
+            pending = [len(e.turns[-1].requests) for e in episodes]
+            if self.rank == 0 and self.version >= 1 and any(pending) and not os.path.exists(marker):
+                os.makedirs(os.path.dirname(marker), exist_ok=True)
+                with open(marker, "w") as f:
+                    json.dump({"pid": os.getpid(), "version": self.version, "pending_calls": pending,
+                               "policy_turns": [e.num_policy_turns for e in episodes],
+                               "tool_turns": [sum(not t.policy for t in e.turns) for e in episodes]}, f)
+                os._exit(1)
+            tool_turn(episodes, stats)
+
+        self.agent.loop._tool_turn = dying
         return version
 
 

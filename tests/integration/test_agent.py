@@ -2,22 +2,24 @@
 ranks, scored and trained where they were generated and valued by a critic that gets their contexts with the
 samples, with the agent's metrics, the rollout HTML and off-policy guidance (each all-wrong group's guide episode
 run with the real tool on the rank that holds its prompt); GRPO in async mode, its episodes run on the rollout pool
-and trained on the trainer's rank; and GRPO with LoRA on video prompts, a reward model and a judge that score each
-episode whole (the reward model from its context, tool images included; the judge from its transcript), through
-a rank's death mid-episode."""
+and trained on the trainer's rank, through a rollout rank's death mid-episode; and GRPO with LoRA on video prompts,
+a reward model and a judge that score each episode whole (the reward model from its context, tool images included;
+the judge from its transcript), through a trainer rank's death mid-episode."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from data_prep.zoom_task import write_zoom_splits
+from mmrl.trainer.dataset import PromptLoader, load_rows
 from mmrl.trainer.tracking import Tracker
 from mmrl.trainer.rl import RLTrainer
 from pipelines import data as data_stage
-from benchmarks.probes import DyingEpisodeActor, ScriptedCallsActor, ScriptedCallsRollout
+from benchmarks.probes import DyingEpisodeActor, DyingEpisodeRollout, ScriptedCallsActor, ScriptedCallsRollout
 
 
 class ScriptedTrainer(RLTrainer):
@@ -28,10 +30,21 @@ class DyingEpisodeTrainer(RLTrainer):
     actor_worker = DyingEpisodeActor  # calls a tool that returns an image; dies mid-episode once
 
 
-def scripted_async_trainer(cfg) -> RLTrainer:
-    """An async-mode trainer whose rollout pool's ranks decide when the random model calls zoom_in."""
-    trainer = RLTrainer(cfg)
-    trainer.source.worker = ScriptedCallsRollout
+class RecordingTrainer(RLTrainer):
+    """Keeps each step's trained samples (``trained``): their uids, weight versions and episode records."""
+
+    def collect(self, prompts):
+        batch, metrics = super().collect(prompts)
+        self.trained = getattr(self, "trained", [])
+        self.trained.append({"uid": list(batch["uid"]), "versions": batch["weight_version"].tolist(),
+                             "episodes": list(batch["episode"])})
+        return batch, metrics
+
+
+def scripted_async_trainer(cfg, worker: type = ScriptedCallsRollout) -> RecordingTrainer:
+    """An async-mode trainer whose rollout pool's ranks (``worker``) decide when the random model calls zoom_in."""
+    trainer = RecordingTrainer(cfg)
+    trainer.source.worker = worker
     return trainer
 
 
@@ -112,15 +125,37 @@ def test_ppo_on_two_ranks_trains_and_values_episodes_whose_tool_turns_are_holes(
     assert "<b>tool</b> zoom_in" in html and "data:image/png;base64" in html
 
 
-def test_async_grpo_trains_on_episodes_the_rollout_pool_ran(tiny_config, turn_ending_model_dir):
+def test_async_grpo_trains_on_episodes_the_rollout_pool_ran_through_a_rank_killed_mid_episode(
+        tiny_config, turn_ending_model_dir):
     """max_staleness=0: the trainer's rank scores episodes with tool images it never generated (their contexts
-    came with the samples) with the weights that drew them, to the engine's log-probs within 1e-4."""
+    came with the samples) with the weights that drew them, to the engine's log-probs within 1e-4. In step 2 the
+    rollout rank kills its process between a policy turn that called zoom_in and its tool turn: the pool is rebuilt
+    and the batch generated again whole, on the same weights; nothing of the lost episodes is trained on."""
     cfg = agent_config(tiny_config, turn_ending_model_dir)
     cfg.trainer.mode, cfg.trainer.max_staleness = "async", 0
-    tracker, _ = fit(scripted_async_trainer(cfg), "agent-async")
-    metrics = MlflowClient(cfg.tracking.uri).get_run(tracker.run_id).data.metrics
+    trainer = scripted_async_trainer(cfg, DyingEpisodeRollout)
+    tracker, _ = fit(trainer, "agent-async")
+    died = json.loads((Path(cfg.trainer.out_dir) / "rollout_died_mid_episode").read_text())
+    assert died["version"] == 1  # step 2's batch
+    # Mid-episode: an episode had called the tool and had one tool turn fewer than policy turns.
+    assert any(calls and policy == tools + 1
+               for calls, policy, tools in zip(died["pending_calls"], died["policy_turns"], died["tool_turns"]))
+    assert trainer.source.rollout_restarts == 1 and trainer.restarts == 0  # the pool was replaced, the trainer went on
+    # Each step trained one whole batch, the loader's next, drawn by the trainer's current weights.
+    loader = PromptLoader(load_rows(cfg.data.dir, "train"), cfg.trainer.prompts_per_step, cfg.seed)
+    assert [list(dict.fromkeys(r["uid"])) for r in trainer.trained] == [list(loader.next_batch()["uid"])
+                                                                          for _ in range(2)]
+    assert all(len(r["uid"]) == cfg.trainer.prompts_per_step * cfg.rollout.n for r in trainer.trained)
+    assert [set(r["versions"]) for r in trainer.trained] == [{0}, {1}]
+    # The redone episodes returned tool images, and were trained on.
+    images = [len(c["images"]) for e in trainer.trained[1]["episodes"] for c in e["calls"]]
+    assert images and all(n == 1 for n in images)
+    client = MlflowClient(cfg.tracking.uri)
+    metrics = client.get_run(tracker.run_id).data.metrics
     check_episodes_trained(metrics)
-    assert metrics["async/staleness_max"] == 0
+    assert metrics["async/staleness_max"] == 0 and metrics["async/rollout_restarts"] == 1
+    history = client.get_metric_history(tracker.run_id, "rollout/logprob_diff_max")
+    assert len(history) == 2 and all(p.value < 1e-4 for p in history)
 
 
 def test_lora_agent_episodes_on_video_prompts_recover_from_a_rank_killed_mid_episode(tiny_config, turn_ending_model_dir,
