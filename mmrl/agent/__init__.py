@@ -16,6 +16,7 @@ module             concept
 ``stats``          counts of calls by tool and of errors and repairs by kind, as metrics
 ``chat``           the tools in the system prompt and a tool turn in the family's chat format, encoded
 ``episode``        one episode: its turns (the policy's, the tools' as holes), its context, limits and cuts
+``context``        an episode's context, its media read through from the prompt's encoding and the tool turns'
 ``loop``           the agent loop: every unfinished episode's turn generated at once, then all their calls
 ``regions``        whether a call looked at the right place (a row's ground-truth box)
 =================  ============================================================================================

@@ -6,7 +6,8 @@ is the whole episode so far as one prompt for the next policy turn: the prompt's
 turn's ids, and the prompt's and the tool turns' pixels and grids in order, so the model family computes its
 positions and runs its vision tower on it as on any prompt with several images. Each tool turn is encoded
 once, when it arrives (:meth:`mmrl.agent.chat.ChatFormat.encode_turn`); nothing of an earlier turn is encoded
-again.
+again. The n episodes of a prompt hold the prompt's encoding itself, and their contexts read its pixels through
+(:class:`~mmrl.agent.context.JoinedPrompt`): no episode copies them.
 
 An episode ends when the policy ends a turn without a tool call (its answer), or is cut (``cut``, one of
 :data:`CUT_KINDS`): ``max_turns`` (its last allowed turn called a tool), ``max_tool_calls`` (a turn's calls
@@ -24,6 +25,7 @@ import torch
 from PIL import Image
 
 from mmrl.agent.calls import CallError, ToolCall
+from mmrl.agent.context import JoinedPrompt, joined, media_of
 from mmrl.agent.outputs import ToolOutput
 from mmrl.models.encoding import MEDIA_FIELDS, EncodedPrompt
 
@@ -128,20 +130,19 @@ class Episode:
 
     def context(self) -> EncodedPrompt:
         """The episode so far as one prompt: ids (P+R,), mm_token_type_ids (P+R,), every image's pixels and grids
-        in order, the ids before media expansion (``template_ids``) and the source images (for vLLM)."""
+        in order (read through from the prompt's encoding and the tool turns', :class:`JoinedPrompt`: the
+        episodes of one prompt share its pixels), the ids before media expansion (``template_ids``) and the source
+        images (for vLLM)."""
         prompt, tools = self.prompt, [t.encoded for t in self.turns if t.encoded is not None]
-        media: dict[str, Any] = {}
-        for key in MEDIA_FIELDS:
-            present = [getattr(p, key) for p in (prompt, *tools) if getattr(p, key) is not None]
-            media[key] = torch.cat(present) if present else None
         template = list(prompt.template_ids)
         for turn in self.turns:
             template += turn.ids.tolist() if turn.policy else list(turn.encoded.template_ids)
-        return EncodedPrompt(
+        return JoinedPrompt(
             input_ids=torch.cat([prompt.input_ids, *(t.ids for t in self.turns)]),
             mm_token_type_ids=torch.cat([prompt.mm_token_type_ids, *(t.mm_types for t in self.turns)]),
-            **media, source_images=[*prompt.source_images, *(i for p in tools for i in p.source_images)],
-            source_videos=list(prompt.source_videos), template_ids=template, name=prompt.name,
+            media_parts=(prompt, *tools), template_ids=template, name=prompt.name,
+            source_images=[*prompt.source_images, *(i for p in tools for i in p.source_images)],
+            source_videos=prompt.source_videos,
         )
 
     def context_from(self, start: int) -> EncodedPrompt:
@@ -159,8 +160,7 @@ class Episode:
                 tools.append(turn.encoded)
             offset = end
         skip = start - len(self.prompt)  # of the response's tokens
-        media = {key: torch.cat(present) if (present := [getattr(t, key) for t in tools if getattr(t, key) is not None])
-                 else None for key in MEDIA_FIELDS}
+        media = {key: joined(tools, key) for key in MEDIA_FIELDS}
         return EncodedPrompt(input_ids=torch.cat([t.ids for t in self.turns])[skip:],
                              mm_token_type_ids=torch.cat([t.mm_types for t in self.turns])[skip:],
                              **media, name=self.prompt.name)
@@ -169,13 +169,14 @@ class Episode:
         """The prompt for scoring this episode's response (the trainer's passes): the prompt's ids (P,) and
         media types, then every image's pixels and grids in order (the prompt's, then the tool turns'), and the
         response's media token types (``response_mm_types``, (R,)). Prompt + response is then the context
-        the policy generated its last turn from, ids, positions and pixels alike."""
-        context = self.context()
+        the policy generated its last turn from, ids, positions and pixels alike. Its media are read through
+        (:class:`JoinedPrompt`): its first piece is the prompt's encoding itself, which the n episodes of the
+        prompt share on this rank and, pickled together, send once."""
         prompt = self.prompt
-        return EncodedPrompt(
+        return JoinedPrompt(
             input_ids=prompt.input_ids, mm_token_type_ids=prompt.mm_token_type_ids,
-            **{key: getattr(context, key) for key in MEDIA_FIELDS}, name=prompt.name,
-            response_mm_types=self.response()["mm_types"],
+            media_parts=(prompt, *(media_of(t.encoded) for t in self.turns if t.encoded is not None)),
+            name=prompt.name, response_mm_types=self.response()["mm_types"],
         )
 
     def response(self) -> dict[str, torch.Tensor]:

@@ -132,7 +132,7 @@ class AgentRollout:
         episodes, _ = loop.run(named, SamplingParams(n=1, max_new_tokens=self.loop.limits.max_new_tokens),
                                new_step=False)
         for episode, prompt in zip(episodes, prompts):
-            episode.prompt = dataclasses.replace(episode.prompt, name=prompt.name)
+            episode.prompt = prompt  # the prompt's own encoding (only the name differed): its context shares it
         out = self.samples(episodes, version)
         out.tensors["guide_complete"] = torch.tensor(
             [float(e.cut is None and engine.complete(name)) for e, name in zip(episodes, names)])

@@ -31,7 +31,8 @@ batch's ``prompt`` objects when the caller holds them, and otherwise the prompt'
 (:mod:`mmrl.workers.prompts`): a prompt's media crosses to a group once per step. Samples with their own
 scoring context (an agent episode's) also send its ``context_key``, and, when the driver holds the context
 itself (``context``: the generating rank was another group's, or another group scores it too), the context to
-a rank that does not hold that key yet: like a prompt's media, a context crosses to a group once per step.
+a rank that does not hold that key yet: like a prompt's media, a context crosses to a group once per step, and
+the prompt's media do not go with it (the context holds the prompt's pixels; an episode's n contexts share them).
 """
 
 from __future__ import annotations
@@ -239,12 +240,15 @@ def plan_dp(
 
 
 def without_media(part: Batch, held: set[str]) -> Batch:
-    """``part`` with the media of the prompts in ``held`` (uids a rank already encoded) replaced by None, and
+    """``part`` with the media of the prompts in ``held`` (uids a rank already encoded) and of the samples with
+    their own scoring context (a ``context_key``: the context holds the prompt's pixels) replaced by None, and
     the scoring contexts whose keys are in ``held``."""
     objects = dict(part.objects)
+    own = part.objects.get(CONTEXT_KEY) or [None] * len(part)
     for key in MEDIA_KEYS:
         if key in objects:
-            objects[key] = [None if uid in held else value for uid, value in zip(part["uid"], objects[key])]
+            objects[key] = [None if uid in held or context is not None else value
+                            for uid, context, value in zip(part["uid"], own, objects[key])]
     if CONTEXT in objects:
         objects[CONTEXT] = [None if key in held else value for key, value in zip(part[CONTEXT_KEY], objects[CONTEXT])]
     return Batch(tensors=part.tensors, objects=objects, meta=part.meta)

@@ -123,22 +123,30 @@ def response_media_types(prompts: Sequence[EncodedPrompt], width: int) -> torch.
     return types
 
 
+def media_pieces(prompt: EncodedPrompt) -> tuple[EncodedPrompt, ...]:
+    """The objects whose media make up ``prompt``'s, in order: an agent episode's context's ``media_parts`` (its
+    prompt, then each tool turn's media: :class:`~mmrl.agent.context.JoinedPrompt`), else the prompt itself."""
+    return tuple(getattr(prompt, "media_parts", None) or (prompt,))
+
+
 def _distinct_media(prompts: Sequence[EncodedPrompt]) -> dict[str, torch.Tensor]:
-    """The pixels of each distinct prompt (by identity) once, their grids, and item -> distinct item maps."""
-    distinct = list({id(p): p for p in prompts}.values())
+    """The pixels of each distinct media piece (by identity: a prompt, or a piece of an episode's context, so that a
+    group's episodes share their prompt's) once, their grids, and item -> distinct item maps."""
+    pieces = [piece for p in prompts for piece in media_pieces(p)]
+    distinct = list({id(p): p for p in pieces}.values())
     out: dict[str, torch.Tensor] = {}
     for kind, pixels_key, grid_key in MEDIA_KINDS:
         grids = [getattr(p, grid_key) for p in distinct if getattr(p, grid_key) is not None]
         if not grids:
             continue
-        first = {}  # id(prompt) -> index of its first item among the distinct items
+        first = {}  # id(piece) -> index of its first item among the distinct items
         count = 0
         for p in distinct:
             grid = getattr(p, grid_key)
             if grid is not None:
                 first[id(p)] = count
                 count += grid.shape[0]
-        index = [first[id(p)] + j for p in prompts if getattr(p, grid_key) is not None
+        index = [first[id(p)] + j for p in pieces if getattr(p, grid_key) is not None
                  for j in range(getattr(p, grid_key).shape[0])]
         grid_distinct, index_key = shared_keys(kind)
         out[pixels_key] = torch.cat([getattr(p, pixels_key) for p in distinct if getattr(p, grid_key) is not None])

@@ -117,7 +117,7 @@ def sample_shared_prefill(
     """
     core = core_model(model)
     family = family_of(core.config)
-    inputs = {k: v.to(device) for k, v in collate(prompts, pad_id).items()}
+    inputs = {k: v.to(device) for k, v in collate(prompts, pad_id, share_media=True).items()}
     positions = family.positions(core, inputs)  # (A, G, P)
     media, _ = encode_media(core, inputs, always=False)
     out = model(**text_inputs(inputs), mm_encoder_outputs=media or None, position_ids=family.model_positions(positions),
