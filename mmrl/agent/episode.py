@@ -53,7 +53,8 @@ class EpisodeLimits:
 @dataclass
 class Turn:
     """One turn of the response: ids (L,) int64, mm_token_type_ids (L,) int64, and for the policy's its
-    log-probs (L,) float32 under the sampling distribution; for a tool turn its encoding (pixels, grids).
+    log-probs (L,) float32 under the sampling distribution and, with in-flight weight updates, the weights' version
+    that drew each token (L,) int64; for a tool turn its encoding (pixels, grids).
     ``trained`` False: a policy turn shown as context only (a demonstration's turn of weight 0)."""
 
     ids: torch.Tensor
@@ -64,6 +65,7 @@ class Turn:
     requests: list[ToolCall | CallError] = field(default_factory=list)  # a policy turn's calls, parsed
     encoded: EncodedPrompt | None = None
     trained: bool = True
+    versions: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -107,12 +109,15 @@ class Episode:
         return len(self.prompt) + self.response_tokens
 
     def add_policy_turn(self, ids: torch.Tensor, log_probs: torch.Tensor, text: str,
-                        requests: list[ToolCall | CallError], trained: bool = True) -> None:
+                        requests: list[ToolCall | CallError], trained: bool = True,
+                        versions: torch.Tensor | None = None) -> None:
         """ids, log_probs (L,): the policy's sampled tokens of one turn (its end-of-turn token included), its
-        text and the calls parsed from it; ``trained`` False keeps the turn out of ``policy_mask``."""
+        text and the calls parsed from it; ``trained`` False keeps the turn out of ``policy_mask``; ``versions``
+        (L,): each token's weight version (in-flight updates), None when the engine did not record them."""
         assert not self.done and ids.shape == log_probs.shape
         self.turns.append(Turn(ids.long(), torch.zeros_like(ids, dtype=torch.long), True, text, log_probs.float(),
-                               list(requests), trained=trained))
+                               list(requests), trained=trained,
+                               versions=None if versions is None else versions.long()))
 
     def add_tool_turn(self, encoded: EncodedPrompt, records: list[CallRecord], model_image_sizes: list[tuple[int, int]]
                       ) -> None:
@@ -182,14 +187,32 @@ class Episode:
     def response(self) -> dict[str, torch.Tensor]:
         """The response's (R,) tensors: ids int64, policy_mask float32 (1 on the policy's trained tokens, 0 on
         tools' and on context-only policy turns), log_probs float32 (0 on tools' tokens), mm_types int64 (the tool
-        turns' image tokens)."""
+        turns' image tokens); with in-flight weight updates also versions int64 (:meth:`versions`)."""
         def cat(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
             return torch.cat(parts).to(dtype) if parts else torch.zeros(0, dtype=dtype)
 
-        return {
+        out = {
             "ids": cat([t.ids for t in self.turns], torch.long),
             "policy_mask": cat([torch.full((len(t.ids),), float(t.policy and t.trained)) for t in self.turns],
                                torch.float32),
             "log_probs": cat([t.log_probs if t.policy else torch.zeros(len(t.ids)) for t in self.turns], torch.float32),
             "mm_types": cat([t.mm_types for t in self.turns], torch.long),
         }
+        versions = self.versions()
+        return out if versions is None else out | {"versions": versions}
+
+    def versions(self) -> torch.Tensor | None:
+        """(R,) int64: the weight version of each response token, a tool turn's tokens (holes) taking the version of
+        the policy token before them, so that the versions never decrease along a response; None when no policy
+        turn recorded its versions."""
+        known = [t.versions for t in self.turns if t.policy and t.versions is not None and len(t.versions)]
+        if not known:
+            return None
+        last, parts = int(known[0][0]), []
+        for turn in self.turns:
+            if turn.policy and turn.versions is not None and len(turn.versions):
+                parts.append(turn.versions)
+                last = int(turn.versions[-1])
+            else:
+                parts.append(torch.full((len(turn.ids),), last, dtype=torch.long))
+        return torch.cat(parts)

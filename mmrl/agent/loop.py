@@ -145,10 +145,13 @@ class AgentLoop:
         a turn that did not end was cut by."""
         lengths = out.response_mask.sum(1).long().tolist()
         kept = out.kept or [None] * len(episodes)
-        for episode, row, logp, text, length, k in zip(episodes, out.responses, out.log_probs, out.texts, lengths, kept):
+        versions = out.versions if out.versions is not None else [None] * len(episodes)
+        for episode, row, logp, text, length, k, drawn in zip(episodes, out.responses, out.log_probs, out.texts,
+                                                             lengths, kept, versions):
             ids = row[:length]
             requests = self.table.parse(text)  # in the family's format (checked in __init__)
-            episode.add_policy_turn(ids, logp[:length], text, requests)
+            episode.add_policy_turn(ids, logp[:length], text, requests,
+                                    versions=None if drawn is None else drawn[:length])
             if k is not None and k.length != episode.context_length() - 1:  # all but the unrun end-of-turn token
                 raise RuntimeError(f"prompt {episode.prompt.name}: the engine kept {k.length} tokens of a context of "
                                    f"{episode.context_length()}")
@@ -203,7 +206,8 @@ def response_batch(episodes: Sequence[Episode], pad_id: int, width: int = 0) -> 
     """The episodes' responses right-padded to ``width`` (0: the longest): responses (B, R) int64 (pad ``pad_id``),
     response_mask (B, R) (1 on every response token, tools' included), policy_mask (B, R) (1 on the policy's
     tokens only), rollout_log_probs (B, R) (0 at holes), response_mm_types (B, R) (the tool turns' media tokens),
-    prompt_tokens (B,), num_turns (B,) (the policy's), num_tool_calls (B,)."""
+    prompt_tokens (B,), num_turns (B,) (the policy's), num_tool_calls (B,); with in-flight weight updates
+    token_versions (B, R) (each row padded with its last version)."""
     parts = [e.response() for e in episodes]
     longest = max([len(p["ids"]) for p in parts] + [1])
     if width and longest > width:
@@ -222,7 +226,20 @@ def response_batch(episodes: Sequence[Episode], pad_id: int, width: int = 0) -> 
         "prompt_tokens": torch.tensor([len(e.prompt) for e in episodes], dtype=torch.long),
         "num_turns": torch.tensor([e.num_policy_turns for e in episodes], dtype=torch.long),
         "num_tool_calls": torch.tensor([len(e.calls) for e in episodes], dtype=torch.long),
-    }
+    } | token_versions(parts, width)
+
+
+def token_versions(parts: Sequence[dict[str, torch.Tensor]], width: int) -> dict[str, torch.Tensor]:
+    """``{"token_versions": (B, width) int64}`` of responses whose ``versions`` were recorded, each row padded with its
+    last version; {} when none was."""
+    if not any("versions" in p for p in parts):
+        return {}
+    rows = []
+    for p in parts:
+        versions = p.get("versions", torch.zeros(len(p["ids"]), dtype=torch.long))
+        last = int(versions[-1]) if len(versions) else 0
+        rows.append(torch.nn.functional.pad(versions, (0, width - len(versions)), value=last))
+    return {"token_versions": torch.stack(rows)}
 
 
 def episode_metrics(episodes: Sequence[Episode], stats: ToolStats, tools: list[str]) -> dict[str, float]:

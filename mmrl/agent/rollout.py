@@ -148,6 +148,9 @@ class AgentRollout:
         tensors = {key: parts[key] for key in ("responses", "response_mask", "policy_mask", "rollout_log_probs",
                                                "prompt_tokens", "num_turns", "num_tool_calls")}
         tensors["weight_version"] = torch.full((count,), version, dtype=torch.long)
+        if "token_versions" in parts:  # in-flight updates: a sample's version is its oldest token's
+            tensors["token_versions"] = parts["token_versions"]
+            tensors["weight_version"] = parts["token_versions"][:, 0].clone()
         objects = {"response_text": [e.final_text for e in episodes], "episode": [episode_record(e) for e in episodes],
                    "image_grids": grids}
         return Batch(tensors=tensors, objects=objects)

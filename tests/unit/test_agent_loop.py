@@ -10,6 +10,7 @@ never: turns that run out of tokens). Everything else is the real engine, tool, 
 
 from __future__ import annotations
 
+import copy
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,7 @@ from mmrl.models.logprobs import response_logprobs
 from mmrl.models.scoring import Scoring
 from mmrl.rollout.base import SamplingParams
 from mmrl.rollout.hf import HFRolloutEngine
+from mmrl.rollout.inflight import InFlightUpdates
 
 CPU = torch.device("cpu")
 ZOOM = ToolCall("zoom_in", {"bbox_2d": [0, 0, 28, 28]})
@@ -278,3 +280,46 @@ def test_a_later_turn_continues_the_kept_cache_and_runs_only_its_new_tokens_and_
     assert kept_seen["images"] == 1 + 2 + sum(len(e.calls) for e in kept)
     assert whole_seen["images"] > kept_seen["images"]
     assert whole_seen["tokens"] > kept_seen["tokens"]
+
+
+def test_episodes_switched_to_new_weights_mid_turn_score_each_token_by_the_version_that_drew_it(parts) -> None:
+    """In-flight weight updates inside episodes (rollout.partial): new weights loaded at the engine's 5th poll (a token
+    boundary of some turn). A training forward over each whole episode with the old weights scores its version-0
+    tokens, with the new weights its version-1 tokens, each within 1e-4 of the rollout's log-probs; versions never
+    decrease along a response (tool turns, holes, take their policy token's); some episode switched mid-episode."""
+    model, processor, chat, table, executor = parts
+    set_end_of_turn(model, processor, 1.0)
+    new = copy.deepcopy(model)
+    with torch.no_grad():
+        for param in new.parameters():
+            param.add_(0.3 * torch.randn_like(param) * (param.std() if param.numel() > 1 else 1.0))
+    engine = HFRolloutEngine(copy.deepcopy(model), processor, CPU, micro_batch_size=8, owns_weights=True)
+    polls = []
+
+    def poll() -> bool:
+        polls.append(len(polls))
+        if len(polls) != 5:
+            return False
+        engine.update_weights((k, v.detach().clone()) for k, v in new.named_parameters())
+        return True
+
+    engine.updates = InFlightUpdates(poll, lambda: int(len(polls) >= 5), every=1)
+    table.calls = [ZOOM]
+    agent = AgentLoop(engine, chat, table, executor, tool_limits=TOOL_LIMITS,
+                      limits=EpisodeLimits(max_turns=3, max_tool_calls=4, max_tokens=600, max_new_tokens=12))
+    torch.manual_seed(1)
+    episodes, _ = agent.run(prompts(processor), SamplingParams(n=2, temperature=1.0, max_new_tokens=12))
+    scoring = Scoring(1.0, tuple(vision_token_ids(processor)), False, 0)
+    mid_episode = 0
+    for episode in episodes:
+        response = episode.response()
+        versions, at = response["versions"], response["policy_mask"] > 0
+        assert torch.equal(versions, versions.sort().values)  # never older along the response
+        inputs = collate([episode.context()], processor.tokenizer.pad_token_id, share_media=True)
+        with torch.no_grad():
+            old_logp = PolicyForward(model)(inputs, response["ids"][None], at[None], scoring)[0][0]
+            new_logp = PolicyForward(new)(inputs, response["ids"][None], at[None], scoring)[0][0]
+        expected = torch.where(versions == 0, old_logp, new_logp)
+        assert torch.allclose(expected[at], response["log_probs"][at], atol=1e-4), episode.prompt.name
+        mid_episode += len(set(versions[at].tolist())) == 2
+    assert mid_episode
