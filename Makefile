@@ -6,6 +6,7 @@
 #   make bench           step time, memory and bytes per worker layout; hf vs vllm rollout throughput
 #   make bench-learning  the learning runs (minutes each) that make test leaves out
 #   make bench-scale     peak worker memory and step time at real shapes (V = 151,936), mmrl vs TRL
+#   make bench-long-tail sync vs async vs async with in-flight weight updates on long-tail response lengths
 #   make rl CONFIG=configs/grpo_image.yaml ARGS="rollout.n=8 actor.lr=1e-4"
 
 PYTHON      ?= python3
@@ -37,10 +38,10 @@ STAMP := $(VENV)/.mmrl-installed
 STAGE := $(PY) -m pipelines
 BENCH := $(PY) -m benchmarks
 
-.PHONY: install model data sft rm rl eval demo results canary docs sweep bench bench-peer bench-scale bench-learning test-extra gpu-check test test-unit test-integration ui clean help
+.PHONY: install model data sft rm rl eval demo results canary docs sweep bench bench-peer bench-scale bench-long-tail bench-learning test-extra gpu-check test test-unit test-integration ui clean help
 
 help:
-	@sed -n '1,9p' Makefile
+	@sed -n '1,10p' Makefile
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -104,6 +105,15 @@ bench: bench-peer
 bench-peer: $(STAMP)
 	$(PY) -c "import trl" 2>/dev/null || $(INSTALL) -c constraints.txt $(TRL_SPEC)
 	$(BENCH).peer --config configs/demo.yaml $(if $(SIZES),--sizes "$(SIZES)",) $(if $(SIDES),--sides "$(SIDES)",) $(ARGS)
+
+# Sync, async and async with in-flight weight updates (rollout.partial) on GRPO work whose response lengths vary
+# many-fold within a step: samples/s, the trainer's and the rollout pool's idle time, token staleness, the lengths
+# drawn (minutes on a quiet 2-core machine; on a busy one the sync side's two threads stall). Stores
+# results/bench/long_tail.json and renders its table into docs/performance.md. SIZE="16x8x256" (P x n x T),
+# STEPS=6 (measured, after a warm-up), SIDES="mmrl mmrl-async mmrl-async-partial" (--size, --steps, --sides).
+bench-long-tail: $(STAMP)
+	$(BENCH).long_tail --config configs/bench_long_tail.yaml $(if $(SIZE),--size "$(SIZE)",) \
+		$(if $(STEPS),--steps $(STEPS),) $(if $(SIDES),--sides "$(SIDES)",) $(ARGS)
 
 # Peak worker memory and step time at Qwen2.5-VL-3B's widths and real vocabulary, 2 + 2 layers deep: mmrl (full,
 # LoRA) against TRL's GRPOTrainer on the same update (installs TRL). The grid: CELLS="8x64 64x64" (M x R each),

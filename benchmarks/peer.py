@@ -22,8 +22,11 @@ mmrl-async``; the ratio column compares each with the first):
 ``trl``, ``mmrl``, ``mmrl-async`` (``trainer.mode=async``, ``max_staleness=1``: a one-rank rollout pool with one
 thread beside the trainer's rank with one thread, where the sync sides compute with all the threads; its
 "generate" is the step's wait for rollouts, and the last column gives that wait, the rollout pool's wait for
-weights and the mean staleness), and ``mmrl-64-rows``, mmrl at the row-count defaults it had before the token
-budgets (64 samples per generate call and per micro-batch).
+weights and the mean staleness), ``mmrl-async-partial`` (``mmrl-async`` with in-flight weight updates,
+``rollout.partial=true``: a generation running when the trainer publishes new weights goes on with them), and
+``mmrl-64-rows``, mmrl at the row-count defaults it had before the token budgets (64 samples per generate call and
+per micro-batch). ``make bench-long-tail`` (:mod:`benchmarks.long_tail`) runs the sync and async sides on a workload
+whose response lengths vary many-fold.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ MMRL_SIDES = {
                    "resources.threads_per_worker=1"],
 }
 """The mmrl sides: the overrides each adds to the shared work."""
+# In-flight weight updates: a generation running when the trainer publishes goes on with the new weights.
+MMRL_SIDES["mmrl-async-partial"] = [*MMRL_SIDES["mmrl-async"], "rollout.partial=true"]
 
 
 @dataclass
@@ -65,23 +70,26 @@ class SideResult:
     phases: dict[str, float] = field(default_factory=dict)
     mean_length: float = 0.0
     overlap: dict[str, float] = field(default_factory=dict)
-    """The async mode's: the trainer's wait for rollouts, the rollout pool's wait for weights (s), the staleness."""
+    """The async mode's: the trainer's wait for rollouts, the rollout pool's wait for weights (s), the staleness;
+    with ``rollout.partial`` also the response tokens' mean staleness and the share drawn by newer weights than their
+    sample's first token."""
 
     def samples_per_s(self, samples: int) -> float:
         return samples / self.step_s
 
 
-def peer_overrides(prompts: int, n: int, tokens: int, threads: int) -> list[str]:
-    """The mmrl side: GRPO from the random-init model, no KL, on-policy, no evaluation or checkpoints."""
+def peer_overrides(prompts: int, n: int, tokens: int, threads: int, out: Path = OUT, steps: int = STEPS) -> list[str]:
+    """The mmrl side: GRPO from the random-init model, no KL, on-policy, no evaluation or checkpoints; a warm-up
+    step and ``steps`` measured ones, the model, data and runs under ``out``."""
     return [
-        f"model.path={OUT / 'model'}", f"data.dir={OUT / 'data'}", f"trainer.init={OUT / 'model'}",
-        f"trainer.out_dir={OUT / f'mmrl-{prompts}x{n}x{tokens}'}", "trainer.resume=never",
-        f"trainer.steps={1 + STEPS}", f"trainer.prompts_per_step={prompts}", "trainer.eval_every=0",
+        f"model.path={out / 'model'}", f"data.dir={out / 'data'}", f"trainer.init={out / 'model'}",
+        f"trainer.out_dir={out / f'mmrl-{prompts}x{n}x{tokens}'}", "trainer.resume=never",
+        f"trainer.steps={1 + steps}", f"trainer.prompts_per_step={prompts}", "trainer.eval_every=0",
         "trainer.save_every=0", "trainer.val_size=8",
         f"rollout.n={n}", f"rollout.max_new_tokens={tokens}", "rollout.temperature=1.0",
         "algorithm.name=grpo", "actor.use_kl_loss=false", "actor.ppo_epochs=1", "actor.num_mini_batches=1",
         "resources.num_workers=1", f"resources.threads_per_worker={threads}",
-        f"tracking.uri=sqlite:///{OUT}/mlflow.db",
+        f"tracking.uri=sqlite:///{out}/mlflow.db",
     ]
 
 
@@ -89,11 +97,15 @@ def run_mmrl(cfg: Config) -> SideResult:
     """``run_rl`` on the config; phases from its ``timing_s/*`` metrics (median over the measured steps)."""
     from mmrl.trainer.run import run_rl
 
-    result = run_rl(cfg)
+    return side_result(cfg, str(run_rl(cfg)["mlflow_run_id"]))
+
+
+def side_result(cfg: Config, run_id: str) -> SideResult:
+    """The run ``run_id``'s median step and phases over its measured steps (its ``timing_s/*`` metrics)."""
     client = MlflowClient(tracking_uri(cfg.tracking))
 
     def median(metric: str) -> float:
-        history = sorted(client.get_metric_history(result["mlflow_run_id"], metric), key=lambda m: m.step)
+        history = sorted(client.get_metric_history(run_id, metric), key=lambda m: m.step)
         values = [m.value for m in history][1:]  # the first step is the warm-up
         return statistics.median(values) if values else 0.0
 
@@ -104,6 +116,9 @@ def run_mmrl(cfg: Config) -> SideResult:
         gen = median("timing_s/wait_rollout")
         overlap = {"wait_rollout": gen, "wait_weights": median("timing_s/wait_weights"),
                    "staleness": median("async/staleness_mean")}
+        if cfg.rollout.partial:
+            overlap |= {"token_staleness": median("async/token_staleness_mean"),
+                        "inflight_share": median("async/inflight_token_share")}
     else:
         gen = median("timing_s/gen")
     return SideResult(step, {"generate": gen, "score+log-probs": step - gen - update, "update": update},
