@@ -167,32 +167,21 @@ def recorded_run(cfg: Any) -> tuple[str, dict[int, list[int]]]:
     extents of the batch the step trains on. Returns the MLflow run id and step -> lengths."""
     from mmrl.protocol import Batch
     from mmrl.trainer.rl import RLTrainer
-    from mmrl.trainer.tracking import Tracker
-
-    class LengthRecorder(RLTrainer):
-        def __init__(self, cfg: Any) -> None:
-            super().__init__(cfg)
-            self.lengths: dict[int, list[int]] = {}
-
-        def collect(self, prompts: Batch) -> tuple[Batch, dict[str, float]]:
-            batch, metrics = super().collect(prompts)
-            # step_no + 1 is the step collecting: a step redone after a recovery records its lengths again
-            self.lengths[self.step_no + 1] = [int(x) for x in batch["response_mask"].sum(-1)]
-            return batch, metrics
+    from mmrl.trainer.run import run_rl
 
     if cfg.trainer.resume != "never":
         raise ValueError("bench-long-tail: runs start from the model (trainer.resume=never)")
-    trainer = LengthRecorder(cfg)
-    tracker = Tracker(cfg, cfg.trainer.experiment, cfg.trainer.run_name or "rl", stage="rl")
-    try:
-        trainer.fit(tracker)
-        tracker.finish()
-    except BaseException:
-        tracker.finish("FAILED")
-        raise
-    finally:
-        trainer.close()
-    return str(tracker.run_id), trainer.lengths
+    lengths: dict[int, list[int]] = {}
+
+    class LengthRecorder(RLTrainer):
+        def collect(self, prompts: Batch) -> tuple[Batch, dict[str, float]]:
+            batch, metrics = super().collect(prompts)
+            # step_no + 1 is the step collecting: a step redone after a recovery records its lengths again
+            lengths[self.step_no + 1] = [int(x) for x in batch["response_mask"].sum(-1)]
+            return batch, metrics
+
+    result = run_rl(cfg, LengthRecorder)
+    return str(result["mlflow_run_id"]), lengths
 
 
 def measure_side(cfg: Any, samples: int) -> dict[str, Any]:

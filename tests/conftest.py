@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,3 +164,16 @@ def run_with_a_kill():
         return Kill(pid=pid, rank=target, node=on_node, killed_at=when, trainer=trainer, run_id=tracker.run_id)
 
     return run
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """Torch on one thread for a module (``pytestmark = pytest.mark.usefixtures("one_thread")``): the tiny model gains
+    nothing from a second thread, and on a loaded machine the two wait for each other (one scripted agent run: 0.35 s
+    on one thread, 6 s on two)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -54,12 +54,7 @@ class ZoomEveryTurn(ToolTable):
         return [ToolCall("zoom_in", {"bbox_2d": [0, 0, 28, 28]})]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

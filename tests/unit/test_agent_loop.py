@@ -50,14 +50,7 @@ class ScriptedCalls(ToolTable):
         return list(self.calls)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """The tiny model gains nothing from a second thread, and on a loaded machine the two wait for each other
-    (one scripted run: 0.35 s on one thread, 6 s on two)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
