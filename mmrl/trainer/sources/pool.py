@@ -55,6 +55,7 @@ from mmrl.protocol import Batch
 from mmrl.rollout.sampling import SamplingParams
 from mmrl.trainer.sources.base import Generate, RolloutSource, Timer
 from mmrl.trainer.weight_transport import build_transport
+from mmrl.trajectory import policy_mask
 from mmrl.workers.rollout_worker import RolloutWorker
 
 if TYPE_CHECKING:
@@ -168,11 +169,11 @@ class PoolRollouts(RolloutSource):
         return prompts.repeat(params.n).union(samples)
 
     def token_metrics(self, samples: Batch) -> dict[str, float]:
-        """With in-flight updates (``token_versions``): the staleness of the response tokens (mean) and the share of
-        them drawn by newer weights than their sample's first token."""
+        """With in-flight updates (``token_versions``): the staleness of the policy's own tokens (mean; tool turns are
+        holes) and the share of them drawn by newer weights than their sample's first token."""
         if "token_versions" not in samples.tensors:
             return {}
-        mask = samples["response_mask"] > 0
+        mask = policy_mask(samples) > 0
         versions = samples["token_versions"][mask]
         count = max(int(mask.sum()), 1)
         newer = (samples["token_versions"] > samples["weight_version"][:, None])[mask]
