@@ -202,36 +202,115 @@ def decode(model: torch.nn.Module, axes: int, model_positions: Callable[[torch.T
     cache's W columns, next_position (B,) the position of each row's first new token (the same on all
     ``axes``). Each step draws a token per row and runs the unfinished rows' tokens with the cache. With
     ``updates``, every ``updates.every`` tokens it polls for newer weights; after a switch ``rerun`` prefills the
-    contexts and the tokens drawn so far with them, in place of the step's one-token forward."""
-    prefix = attention.shape[1]
-    scale = 1.0 if decoding.greedy else decoding.temperature
+    contexts and the tokens drawn so far with them, in place of the step's one-token forward.
+
+    Rows that ended leave the batch (:class:`LiveRows`) once a quarter of it has ended, so a long tail of
+    responses decodes at the width of the rows still drawing, not at the batch's.
+    """
     finished = torch.zeros(len(logits), dtype=torch.bool, device=logits.device)
-    tokens, log_probs, versions = [], [], []
+    batch = LiveRows(cache, logits, attention, next_position, keep)
+    tokens, log_probs, versions, drawn = [], [], [], []
     for step in range(decoding.max_new_tokens):
-        logp = policy_log_softmax(logits, decoding.banned_ids, scale)
-        token = draw(logp, decoding.greedy, decoding.top_k, decoding.top_p)
-        token = token.masked_fill(finished, decoding.pad_id)
+        token, logp = batch.draw(decoding, finished)
         tokens.append(token)
-        log_probs.append(logp.gather(-1, token[:, None]).squeeze(-1).masked_fill(finished, 0.0))
+        log_probs.append(logp)
         if updates is not None:
             versions.append(updates.version())
         finished |= token == decoding.eos_id
+        drawn.append((~finished).long())
         if bool(finished.all()) or step == decoding.max_new_tokens - 1:
             break
-        attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
         if updates is not None and rerun is not None and (step + 1) % updates.every == 0 and updates.poll():
-            logits, cache, attention = rerun(torch.stack(tokens, dim=1), attention[:, prefix:])
-            prefix = attention.shape[1] - len(tokens)
+            batch.restart(*rerun(torch.stack(tokens, dim=1), torch.stack(drawn, dim=1)), len(tokens))
             continue
-        position = (next_position + step).view(1, -1, 1).expand(axes, -1, -1)
-        logits = model(input_ids=token[:, None], attention_mask=attention, position_ids=model_positions(position),
-                       past_key_values=cache, use_cache=True).logits[:, -1]
+        batch.drop_ended(finished, tokens, decoding.eos_id)
+        batch.step(model, axes, model_positions, token, drawn[-1], step)
     out = torch.stack(tokens, dim=1)
-    kept = None
-    if keep and keepable(cache):
-        # A row that ended keeps its prompt and its turn up to the end-of-turn token, which was never run.
-        ended = out == decoding.eos_id
-        ends = [prefix + int(row.nonzero()[0]) if bool(row.any()) else None for row in ended]
-        kept = keep_rows(cache, attention, ends)
+    kept = batch.kept(out, decoding.eos_id) if keep else None
     drawn_by = torch.tensor(versions, dtype=torch.long).expand(len(out), -1).clone() if updates is not None else None
     return Sampled(out.cpu(), torch.stack(log_probs, dim=1).float().cpu(), kept, drawn_by)
+
+
+class LiveRows:
+    """The rows of a decode batch the cache still holds: ``rows`` (L,) their indices in the batch of B, with
+    their logits (L, V), attention (L, W) over the cache's W columns (the first ``prefix`` are the contexts', one
+    per decoded step after them) and next_position (L,) of the first new token.
+
+    With ``keep``, a row that leaves the batch hands over its context (:func:`~mmrl.rollout.kept.keep_rows`) as
+    it goes; after a weight switch the contexts handed over before it are given up (they hold older weights' keys,
+    so the row's next turn is prefilled whole).
+    """
+
+    def __init__(self, cache: Any, logits: torch.Tensor, attention: torch.Tensor, next_position: torch.Tensor,
+                 keep: bool) -> None:
+        self.cache, self.logits, self.attention, self.next_position = cache, logits, attention, next_position
+        self.rows = torch.arange(len(logits), device=logits.device)
+        self.prefix = attention.shape[1]
+        self.keep = keep and keepable(cache)
+        self.handed: dict[int, KeptContext | None] = {}
+
+    def draw(self, decoding: Decoding, finished: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A token per row of the batch (B,) and its log-prob (B,); the rows that left get the pad id and 0."""
+        scale = 1.0 if decoding.greedy else decoding.temperature
+        logp = policy_log_softmax(self.logits, decoding.banned_ids, scale)
+        live = draw(logp, decoding.greedy, decoding.top_k, decoding.top_p)
+        token = torch.full_like(finished, decoding.pad_id, dtype=torch.long).index_copy(0, self.rows, live)
+        chosen = logp.gather(-1, live[:, None]).squeeze(-1)
+        token_logp = torch.zeros(len(finished), dtype=chosen.dtype, device=chosen.device).index_copy(0, self.rows, chosen)
+        return token.masked_fill(finished, decoding.pad_id), token_logp.masked_fill(finished, 0.0)
+
+    def step(self, model: torch.nn.Module, axes: int, model_positions: Callable[[torch.Tensor], torch.Tensor],
+             token: torch.Tensor, running: torch.Tensor, step: int) -> None:
+        """Run the live rows' tokens of this step (token (B,), running (B,) 1 where the row goes on) with the
+        cache."""
+        self.attention = torch.cat([self.attention, running[self.rows, None]], dim=1)
+        position = (self.next_position + step).view(1, -1, 1).expand(axes, -1, -1)
+        self.logits = model(input_ids=token[self.rows, None], attention_mask=self.attention,
+                            position_ids=model_positions(position), past_key_values=self.cache,
+                            use_cache=True).logits[:, -1]
+
+    def drop_ended(self, finished: torch.Tensor, tokens: list[torch.Tensor], eos_id: int) -> None:
+        """Let the rows that ended go once they are a quarter of the live ones (each drop copies the cache)."""
+        ended = finished[self.rows]
+        if int(ended.sum()) < max(1, len(self.rows) // 4):
+            return
+        if self.keep:
+            gone = self._contexts(torch.stack(tokens, dim=1), eos_id, ended)
+            self.handed.update({int(self.rows[i]): k for i, k in enumerate(gone) if bool(ended[i])})
+        stay = (~ended).nonzero().squeeze(-1)
+        self._select(stay)
+
+    def restart(self, logits: torch.Tensor, cache: Any, attention: torch.Tensor, drawn: int) -> None:
+        """After a weight switch: the rerun's logits (B, V), cache and attention (B, W' + drawn) of the whole
+        batch, narrowed to the live rows; the contexts handed over before it are given up."""
+        self.cache, self.logits, self.attention = cache, logits[self.rows], attention[self.rows]
+        self.cache.reorder_cache(self.rows)
+        self.prefix = attention.shape[1] - drawn
+        self.handed = dict.fromkeys(self.handed)
+        self.keep = self.keep and keepable(cache)
+
+    def kept(self, tokens: torch.Tensor, eos_id: int) -> list[KeptContext | None] | None:
+        """Each row's context after the turn (tokens (B, L) the turn's draws), None for a row that did not end."""
+        if not self.keep:
+            return None
+        out: list[KeptContext | None] = [None] * len(tokens)
+        for row, k in self.handed.items():
+            out[row] = k
+        ended = (tokens[self.rows] == eos_id).any(-1)
+        for i, k in enumerate(self._contexts(tokens, eos_id, ended)):
+            out[int(self.rows[i])] = k
+        return out
+
+    def _contexts(self, tokens: torch.Tensor, eos_id: int, which: torch.Tensor) -> list[KeptContext | None]:
+        """The live rows' contexts as the cache holds them (None where ``which`` (L,) is False): a row that ended
+        keeps its context and its turn up to the end-of-turn token, which was never run."""
+        ended = tokens[self.rows] == eos_id
+        ends = [self.prefix + int(row.nonzero()[0]) if bool(w) and bool(row.any()) else None
+                for row, w in zip(ended, which)]
+        return keep_rows(self.cache, self.attention, ends)
+
+    def _select(self, index: torch.Tensor) -> None:
+        """Keep the live rows at ``index`` (positions among the live rows) in the cache and in each row's state."""
+        self.cache.reorder_cache(index)  # an index_select on the batch dimension of every kind of layer
+        self.logits, self.attention = self.logits[index], self.attention[index]
+        self.rows, self.next_position = self.rows[index], self.next_position[index]
