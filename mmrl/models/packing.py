@@ -3,11 +3,12 @@
 The n samples of a prompt share its media and its prompt tokens. Scored one row per sample, the prompt is
 run n times; packed, it runs once::
 
-    row g:  [pad ... pad | prompt g | response 1 (R) | response 2 (R) | ... | response k (R)]
+    row g:  [pad ... pad | prompt g | response 1 | response 2 | ... | response k]
 
 An attention mask lets every response token see the prompt and the earlier tokens of its own response only;
 every token keeps the position it has in the unpacked row (the family's, 3-D for some: a response token j
-sits at the prompt's largest position + 1 + j). Each response token is therefore computed from exactly the inputs of
+sits at the prompt's largest position + 1 + j). Each response takes its own extent, not the batch's longest,
+so a long tail of lengths packs into the tokens drawn, not into k times the longest. Each response token is therefore computed from exactly the inputs of
 the unpacked forward, so the log-probs agree up to floating-point summation order (tested in
 tests/unit/test_packing.py against the plain forward, log-probs and gradients).
 
@@ -78,9 +79,10 @@ def pack(
     """
     groups = Groups.of(prompts)
     family = family_of(core.config)
-    width = responses.shape[1]
-    sizes = groups.sizes()
-    lengths = [len(p) + k * width for p, k in zip(groups.prompts, sizes)]
+    extents = response_extents(response_mask)
+    lengths = [len(p) for p in groups.prompts]
+    for g, extent in zip(groups.index, extents):
+        lengths[g] += extent
     total = max(lengths)
     count = len(groups.prompts)
     input_ids = torch.full((count, total), pad_token_id, dtype=torch.long)
@@ -88,7 +90,7 @@ def pack(
     positions = torch.zeros((family.position_axes, count, total), dtype=torch.long)
     segment = torch.full((count, total), -1, dtype=torch.long)  # -1 padding, 0 prompt, i + 1 response slot i
     valid = torch.zeros((count, total), dtype=torch.bool)
-    starts = []
+    starts, filled = [], []
     for g, prompt in enumerate(groups.prompts):
         start = total - lengths[g]
         end = start + len(prompt)
@@ -98,18 +100,20 @@ def pack(
         positions[:, g, start:end] = prompt_pos
         segment[g, start:end] = 0
         valid[g, start:end] = True
-        starts.append((start, end, int(prompt_pos.max()) + 1))
+        starts.append((end, int(prompt_pos.max()) + 1))
+        filled.append(end)
+    # Token 0 is predicted by the prompt's last state, token j > 0 by response token j - 1; a column past the
+    # response's extent is never scored and points at the prompt's last state.
     gather = torch.zeros(responses.shape, dtype=torch.long)
-    for row, (g, slot) in enumerate(zip(groups.index, groups.slot)):
-        start, end, next_pos = starts[g]
-        first = end + slot * width
-        input_ids[g, first : first + width] = responses[row]
-        positions[:, g, first : first + width] = torch.arange(next_pos, next_pos + width)
-        segment[g, first : first + width] = slot + 1
-        valid[g, first : first + width] = response_mask[row].bool()
-        # Token 0 is predicted by the prompt's last state, token j > 0 by response token j - 1.
-        gather[row, 0] = g * total + end - 1
-        gather[row, 1:] = g * total + first + torch.arange(width - 1)
+    for row, (g, slot, extent) in enumerate(zip(groups.index, groups.slot, extents)):
+        end, next_pos = starts[g]
+        first, filled[g] = filled[g], filled[g] + extent
+        input_ids[g, first : first + extent] = responses[row, :extent]
+        positions[:, g, first : first + extent] = torch.arange(next_pos, next_pos + extent)
+        segment[g, first : first + extent] = slot + 1
+        valid[g, first : first + extent] = response_mask[row, :extent].bool()
+        gather[row] = g * total + end - 1
+        gather[row, 1:extent] = g * total + first + torch.arange(extent - 1)
     out = {"input_ids": input_ids, "mm_token_type_ids": mm_types, "position_ids": family.model_positions(positions),
            "packed_mask": attention_mask(segment, valid), "packed_gather": gather}
     for key in MEDIA_FIELDS:
@@ -117,6 +121,13 @@ def pack(
         if present:
             out[key] = torch.cat(present)
     return out
+
+
+def response_extents(response_mask: torch.Tensor) -> list[int]:
+    """response_mask (B, R) -> each row's extent: the columns up to its last masked-in one (a hole inside it
+    counts; 0 for an empty row)."""
+    columns = torch.arange(1, response_mask.shape[1] + 1)
+    return [int((columns * (row > 0)).max()) for row in response_mask.cpu()]
 
 
 def attention_mask(segment: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -135,9 +146,38 @@ def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
-def worth_packing(prompts: Sequence[EncodedPrompt]) -> bool:
-    """Packing pays only when some prompt repeats in the micro-batch. A response holding media (an agent
-    episode's tool images) is never packed: its positions are the family's, not consecutive ones."""
+def worth_packing(config: object, prompts: Sequence[EncodedPrompt], response_mask: torch.Tensor) -> bool:
+    """Whether the packed forward costs fewer FLOPs than the plain one (rows of prompt + response).
+
+    Packing runs a repeated prompt once, but its row holds all the prompt's responses, and attention is
+    quadratic in a row's length: k long responses in one row cost more than k rows. Both layouts are costed as
+    the forward computes them, padding included: per position the language model's dense layers, per
+    (query, key) pair its attention (:func:`text_costs`). A response holding media (an agent episode's tool
+    images) is never packed: its positions are the family's, not consecutive ones.
+    """
     if any(p.response_mm_types is not None and bool(p.response_mm_types.any()) for p in prompts):
         return False
-    return len({id(p) for p in prompts}) < len(prompts)
+    groups = Groups.of(prompts)
+    if len(groups.prompts) == len(prompts):
+        return False
+    dense, pair = text_costs(config)
+    extents = response_extents(response_mask)
+    packed_lengths = [len(p) for p in groups.prompts]
+    for g, extent in zip(groups.index, extents):
+        packed_lengths[g] += extent
+    packed_row = max(packed_lengths)
+    plain_row = max(len(p) for p in prompts) + max(extents)
+    packed = len(groups.prompts) * (dense * packed_row + pair * packed_row**2)
+    plain = len(prompts) * (dense * plain_row + pair * plain_row**2)
+    return packed < plain
+
+
+def text_costs(config: object) -> tuple[int, int]:
+    """The language model's forward FLOPs per position in its dense layers (attention projections and a gated
+    MLP) and per (query, key) pair in its attention (scores and the weighted sum), over all its layers."""
+    text = getattr(config, "text_config", config)
+    hidden, heads = text.hidden_size, text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    per_layer = hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * text.intermediate_size
+    return 2 * per_layer * text.num_hidden_layers, 4 * heads * head_dim * text.num_hidden_layers

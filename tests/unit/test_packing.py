@@ -13,7 +13,7 @@ from mmrl.models.encoding import encode_prompt
 from mmrl.models.forward import PolicyForward
 from mmrl.models.loading import load_model, load_processor
 from mmrl.models.logprobs import response_logprobs
-from mmrl.models.packing import Groups, attention_mask, pack
+from mmrl.models.packing import Groups, attention_mask, pack, text_costs, worth_packing
 from mmrl.schema import Video
 
 COLOURS = [(200, 30, 30), (30, 30, 200), (30, 200, 30), (200, 200, 30)]
@@ -70,6 +70,7 @@ def test_packed_forward_equals_the_plain_forward(model_and_processor, prompts, o
     if order == "interleaved":
         rows = [rows[i] for i in (0, 4, 7, 1, 8, 5, 2, 9, 3, 6)]
     responses, mask = random_responses(processor, len(rows), 6, seed=1)
+    assert worth_packing(model.config, rows, mask)  # the shared forward below packs
     plain = logprobs_and_grads(model, rows, responses, mask, processor, share=False)
     packed = logprobs_and_grads(model, rows, responses, mask, processor, share=True)
     torch.testing.assert_close(packed[0], plain[0], atol=1e-5, rtol=1e-5)
@@ -81,21 +82,25 @@ def test_packed_forward_equals_the_plain_forward(model_and_processor, prompts, o
 
 
 def test_pack_runs_each_prompt_once_and_gathers_the_right_states(model_and_processor, prompts):
-    """Three samples of one prompt and one of another: two packed rows; the prompt's tokens appear once; the
-    state predicting token 0 is the prompt's last, token j > 0 the response's token j - 1."""
+    """Three samples of one prompt and one of another: two packed rows; the prompt's tokens appear once, each
+    response only over its own extent; the state predicting token 0 is the prompt's last, token j > 0 the
+    response's token j - 1."""
     model, processor = model_and_processor
     one, two, _, _ = prompts
     rows = [one, two, one, one]
     responses, mask = random_responses(processor, 4, 3, seed=2)
+    mask = (torch.arange(3)[None] < torch.tensor([3, 2, 1, 2])[:, None]).float()  # each response its own extent
+    responses = responses.masked_fill(mask == 0, processor.tokenizer.pad_token_id)
     packed = pack(model.model, rows, responses, mask, processor.tokenizer.pad_token_id)
-    assert packed["input_ids"].shape == (2, max(len(one) + 9, len(two) + 3))
+    assert packed["input_ids"].shape == (2, max(len(one) + 3 + 1 + 2, len(two) + 2))
     assert packed["pixel_values"].shape[0] == one.pixel_values.shape[0] + two.pixel_values.shape[0]
     width = packed["input_ids"].shape[1]
     flat = packed["input_ids"].reshape(-1)
     for row in range(4):
         gather = packed["packed_gather"][row]
+        extent = int(mask[row].sum())
         assert flat[gather[0]] == rows[row].input_ids[-1]
-        assert torch.equal(flat[gather[1:]], responses[row, :-1])
+        assert torch.equal(flat[gather[1:extent]], responses[row, : extent - 1])
         assert gather[0] // width == (0 if rows[row] is one else 1)
     # Response positions continue from the prompt's largest position, as in the unpacked row.
     last = int(packed["position_ids"][:, 0].reshape(3, -1)[:, : width].max())
@@ -124,3 +129,41 @@ def test_groups_keep_first_appearance_order():
     assert groups.index == [0, 1, 0, 2, 1, 0]
     assert groups.slot == [0, 0, 1, 0, 1, 2]
     assert groups.sizes() == [3, 2, 1]
+
+
+def test_text_costs_are_a_counted_forward(tiny_model_dir):
+    """The language model's forward over one unpadded text row of T tokens, FLOPs counted by torch's counter
+    (eager attention: its matrix products are counted): dense * T + pair * T ** 2 exactly (T = 5 and 40, so
+    both terms are pinned)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = load_model(tiny_model_dir, "float32", "eager", torch.device("cpu"))
+    dense, pair = text_costs(model.config)
+    for length in (5, 40):
+        ids = torch.randint(10, 100, (1, length))
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            model.model.language_model(input_ids=ids, use_cache=False)
+        assert counter.get_total_flops() == dense * length + pair * length**2
+
+
+def test_packing_is_chosen_by_its_cost(model_and_processor, prompts):
+    """Eight short responses to one image prompt pack (its tokens run once); eight long ones of unequal length do
+    not (one row of 8 long responses costs more attention than 8 rows); a batch without a repeated prompt never
+    packs. The choice is checked against the two layouts costed by hand."""
+    model, _ = model_and_processor
+    one = prompts[0]
+    dense, pair = text_costs(model.config)
+
+    def by_hand(extents):
+        packed_row = len(one) + sum(extents)
+        plain_row = len(one) + max(extents)
+        return packed_row * dense + packed_row**2 * pair < 8 * (plain_row * dense + plain_row**2 * pair)
+
+    for extents in ([2, 3, 1, 4, 2, 2, 3, 1], [400, 120, 900, 60, 300, 1000, 200, 500]):
+        width = max(extents)
+        mask = (torch.arange(width)[None] < torch.tensor(extents)[:, None]).float()
+        assert worth_packing(model.config, [one] * 8, mask) == by_hand(extents)
+    assert worth_packing(model.config, [one] * 8, (torch.arange(4)[None] < torch.tensor([2] * 8)[:, None]).float())
+    assert not worth_packing(model.config, [one] * 8, (torch.arange(1000)[None] < torch.tensor(
+        [400, 120, 900, 60, 300, 1000, 200, 500])[:, None]).float())
+    assert not worth_packing(model.config, list(prompts), torch.ones(4, 2))
