@@ -113,7 +113,7 @@ def pack(
         segment[g, first : first + extent] = slot + 1
         valid[g, first : first + extent] = response_mask[row, :extent].bool()
         gather[row] = g * total + end - 1
-        gather[row, 1:extent] = g * total + first + torch.arange(extent - 1)
+        gather[row, 1:extent] = g * total + first + torch.arange(max(extent - 1, 0))
     out = {"input_ids": input_ids, "mm_token_type_ids": mm_types, "position_ids": family.model_positions(positions),
            "packed_mask": attention_mask(segment, valid), "packed_gather": gather}
     for key in MEDIA_FIELDS:

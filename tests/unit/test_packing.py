@@ -63,13 +63,15 @@ def logprobs_and_grads(model, rows, responses, mask, processor, share: bool):
 @pytest.mark.parametrize("order", ["grouped", "interleaved"])
 def test_packed_forward_equals_the_plain_forward(model_and_processor, prompts, order):
     """Log-probs and entropies to 1e-5, gradients to 1e-5 (abs) / 1e-4 (rel), padding rows zero; a prompt
-    repeated 4 times, one repeated 3 times, and prompts that appear once (a group of one)."""
+    repeated 4 times, one repeated 3 times, and prompts that appear once (a group of one); one response empty."""
     model, processor = model_and_processor
     one, two, mixed, text = prompts
     rows = [one] * 4 + [two] * 3 + [mixed, text, text]
     if order == "interleaved":
         rows = [rows[i] for i in (0, 4, 7, 1, 8, 5, 2, 9, 3, 6)]
     responses, mask = random_responses(processor, len(rows), 6, seed=1)
+    mask[2] = 0  # an empty response (a filler row's) packs to nothing
+    responses[2] = processor.tokenizer.pad_token_id
     assert worth_packing(model.config, rows, mask)  # the shared forward below packs
     plain = logprobs_and_grads(model, rows, responses, mask, processor, share=False)
     packed = logprobs_and_grads(model, rows, responses, mask, processor, share=True)
