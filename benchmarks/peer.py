@@ -74,6 +74,12 @@ class SideResult:
     with ``rollout.partial`` also the response tokens' mean staleness and the share drawn by newer weights than their
     sample's first token."""
 
+    mfu: dict[str, float] = field(default_factory=dict)
+    """MFU per phase (:mod:`mmrl.perf`): an mmrl side's ``perf/mfu/*`` medians; TRL's from the same FLOP account
+    (an mmrl side's ``perf/tflop/*`` of the same work) over TRL's phase seconds, against that side's peak."""
+    tflop: dict[str, float] = field(default_factory=dict)
+    peak_tflops: float = 0.0
+
     def samples_per_s(self, samples: int) -> float:
         return samples / self.step_s
 
@@ -121,8 +127,23 @@ def side_result(cfg: Config, run_id: str) -> SideResult:
                         "inflight_share": median("async/inflight_token_share")}
     else:
         gen = median("timing_s/gen")
+    phases = {name.removeprefix("perf/mfu/") for name in client.get_run(run_id).data.metrics
+              if name.startswith("perf/mfu/")}
+    peaks = client.get_metric_history(run_id, "perf/peak_tflops")
     return SideResult(step, {"generate": gen, "score+log-probs": step - gen - update, "update": update},
-                      median("response_length/mean"), overlap)
+                      median("response_length/mean"), overlap,
+                      mfu={p: median(f"perf/mfu/{p}") for p in sorted(phases)},
+                      tflop={p: median(f"perf/tflop/{p}") for p in sorted(phases)},
+                      peak_tflops=peaks[0].value if peaks else 0.0)
+
+
+def peer_mfu(trl: SideResult, mmrl: SideResult) -> dict[str, float]:
+    """TRL's MFU of generation and the update: the FLOPs of the same work as mmrl's account counts them, over
+    TRL's seconds, against the peak mmrl's run measured on the same machine and threads."""
+    peak = mmrl.peak_tflops
+    pairs = {"gen": "generate", "update_actor": "update"}
+    return {phase: mmrl.tflop[phase] / trl.phases[ours] / peak for phase, ours in pairs.items()
+            if phase in mmrl.tflop and trl.phases[ours] > 0 and peak > 0}
 
 
 def trl_dataset(rows: list[dict[str, Any]]) -> Any:
@@ -222,11 +243,30 @@ def print_rows(results: list[Result]) -> None:
                          f"{side.mean_length:.1f}", f"{ratio:.2f}x" if index else "",
                          " / ".join(f"{side.overlap[k]:.3f}" if k != "staleness" else f"{side.overlap[k]:.2f}"
                                     for k in ("wait_rollout", "wait_weights", "staleness")) if side.overlap else ""])
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     print(f"\nGRPO step, {' vs '.join(results[0][1])}, same model and work; median of {STEPS} steps after a warm-up")
+    print_table(header, rows)
+    print_mfu(results)
+
+
+def print_table(header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+
+
+def print_mfu(results: list[Result]) -> None:
+    """MFU per phase of each side, against the matmul peak its run measured (:mod:`mmrl.perf`)."""
+    phases = sorted({p for _, sides in results for side in sides.values() for p in side.mfu})
+    if not phases:
+        return
+    rows = []
+    for (p, n, t), sides in results:
+        for name, side in sides.items():
+            cells = [f"{side.mfu[k]:.2%}" if k in side.mfu else "-" for k in phases]
+            rows.append([f"{p}x{n}x{t}", name, f"{side.peak_tflops * 1e3:.1f}", *cells])
+    print("\nMFU per phase (FLOPs of the work's math / phase seconds / the matmul peak measured in the run)")
+    print_table(["work (P x n x T)", "side", "peak GFLOP/s", *phases], rows)
 
 
 def flag_parser() -> argparse.ArgumentParser:
@@ -265,6 +305,9 @@ def main(argv: list[str] | None = None) -> list[Result]:
             else:
                 out_dir = f"trainer.out_dir={OUT / f'{side}-{prompts}x{n}x{tokens}'}"
                 measured[side] = run_mmrl(command.load(*work, out_dir, *MMRL_SIDES[side]))
+        ours = next((side for name, side in measured.items() if name != "TRL"), None)
+        if "TRL" in measured and ours is not None:
+            measured["TRL"].mfu, measured["TRL"].peak_tflops = peer_mfu(measured["TRL"], ours), ours.peak_tflops
         results.append(((prompts, n, tokens), measured))
         print_rows(results)
     return results

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from mmrl.config_fields import num
@@ -26,6 +26,11 @@ class TrainerConfig:
     save_every: int = num(50, ge=0)
     """Write a resumable checkpoint (``<out_dir>/step_<N>/``) every this many steps; the last step is
     always saved. 0: only the last step."""
+    profile_steps: list[int] = field(default_factory=list)
+    """Steps whose work on the actor group's ranks torch's profiler records: each rank's Chrome trace
+    (``trace_rank<r>.json.gz``, for chrome://tracing or Perfetto) and its top operators (``ops_rank<r>.txt``) under
+    ``<out_dir>/profile/step_<N>/``, logged as MLflow artifacts (``profile/step_<N>/``) with the step's phase
+    shares. A profiled step runs slower than the others: its timing is the profiler's too."""
     keep_last: int = num(2, ge=1)
     """Resumable checkpoints kept; older ones are deleted once a newer one is complete."""
     resume: str = "auto"

@@ -89,8 +89,9 @@ class WorkerHost:
         self.worker = worker_cls(*args)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """The worker's ``method(*args, **kwargs)``."""
-        return getattr(self.worker, method)(*args, **kwargs)
+        """The worker's ``method(*args, **kwargs)``, a ``mmrl.<method>`` span in a profile (:mod:`mmrl.perf.profile`)."""
+        with torch.profiler.record_function(f"mmrl.{method}"):
+            return getattr(self.worker, method)(*args, **kwargs)
 
     def ping(self) -> bool:
         """An idle host's sign of life."""

@@ -11,6 +11,8 @@ import torch.distributed as dist
 
 from mmrl.controller.dispatch import Dispatch, register
 from mmrl.memory.peaks import PEAK_KEY, group_peak_gb, peak_gb, reset_peak
+from mmrl.perf.peak import Peak, measure_peak
+from mmrl.perf.profile import RankProfile
 
 
 def resolve_device(kind: str = "auto", local_rank: int = 0) -> torch.device:
@@ -77,6 +79,22 @@ class Worker:
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def start_profile(self) -> None:
+        """Record this rank's work with torch's profiler until :meth:`stop_profile` (``trainer.profile_steps``)."""
+        self.profile = RankProfile(self.device)
+        self.profile.start()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def stop_profile(self) -> tuple[bytes, str]:
+        """The recording since :meth:`start_profile`: its gzipped Chrome trace and its top operators' table."""
+        return self.profile.stop()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def measure_peak(self, hidden: int, intermediate: int, dtype: str) -> Peak:
+        """This rank's matmul FLOP/s in ``dtype`` (:func:`mmrl.perf.peak.measure_peak`): the denominator of MFU."""
+        return measure_peak(hidden, intermediate, self.device, getattr(torch, dtype))
 
     @register(Dispatch.ONE_TO_ALL)
     def peak_memory_gb(self) -> float:

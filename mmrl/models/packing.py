@@ -25,6 +25,7 @@ import torch
 
 from mmrl.models.encoding import MEDIA_FIELDS, EncodedPrompt
 from mmrl.models.families import family_of
+from mmrl.perf.text import text_costs
 
 PACKED_KEYS = ("packed_gather", "packed_mask", "position_ids")
 
@@ -160,24 +161,13 @@ def worth_packing(config: object, prompts: Sequence[EncodedPrompt], response_mas
     groups = Groups.of(prompts)
     if len(groups.prompts) == len(prompts):
         return False
-    dense, pair = text_costs(config)
+    costs = text_costs(config)
     extents = response_extents(response_mask)
     packed_lengths = [len(p) for p in groups.prompts]
     for g, extent in zip(groups.index, extents):
         packed_lengths[g] += extent
     packed_row = max(packed_lengths)
     plain_row = max(len(p) for p in prompts) + max(extents)
-    packed = len(groups.prompts) * (dense * packed_row + pair * packed_row**2)
-    plain = len(prompts) * (dense * plain_row + pair * plain_row**2)
+    packed = len(groups.prompts) * costs.forward(packed_row, packed_row**2, 0)
+    plain = len(prompts) * costs.forward(plain_row, plain_row**2, 0)
     return packed < plain
-
-
-def text_costs(config: object) -> tuple[int, int]:
-    """The language model's forward FLOPs per position in its dense layers (attention projections and a gated
-    MLP) and per (query, key) pair in its attention (scores and the weighted sum), over all its layers."""
-    text = getattr(config, "text_config", config)
-    hidden, heads = text.hidden_size, text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or hidden // heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    per_layer = hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * text.intermediate_size
-    return 2 * per_layer * text.num_hidden_layers, 4 * heads * head_dim * text.num_hidden_layers

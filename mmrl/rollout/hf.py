@@ -23,10 +23,19 @@ from typing import Any
 
 import torch
 
-from mmrl.memory.budget import MicroBatching, ModelDims, budget_ranges, choose, memory_at_hand, parameter_bytes, token_budget
 from mmrl.config import Config
+from mmrl.memory.budget import (
+    MicroBatching,
+    ModelDims,
+    budget_ranges,
+    choose,
+    memory_at_hand,
+    parameter_bytes,
+    token_budget,
+)
 from mmrl.models.encoding import EncodedPrompt, vision_token_ids
 from mmrl.models.loading import load_model
+from mmrl.perf.clock import PhaseClock
 from mmrl.rollout.base import RolloutOutput, SamplingParams, check_lengths
 from mmrl.rollout.inflight import InFlightUpdates
 from mmrl.rollout.kept import KeptContext
@@ -64,6 +73,7 @@ class HFRolloutEngine:
         self.banned_ids = vision_token_ids(processor)
         self.updates: InFlightUpdates | None = None
         self.loads = 0  # weight loads so far: a kept cache records the one it was made with
+        self.clock = PhaseClock(device)  # seconds of the vision encoding, prefill and decode since the last take
 
     @classmethod
     def build(
@@ -141,7 +151,8 @@ class HFRolloutEngine:
         return self._joined([self._run(lambda: sample_shared_prefill(
             self.model, prompts[a:b], params.n, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
             top_p=params.top_p, top_k=params.top_k, greedy=params.greedy, banned_ids=self.banned_ids,
-            eos_id=self.eos_id, pad_id=self.pad_id, device=self.device, keep=keep, updates=self.updates),
+            eos_id=self.eos_id, pad_id=self.pad_id, device=self.device, keep=keep, updates=self.updates,
+            clock=self.clock),
             params.max_new_tokens) for a, b in self.prompt_ranges(prompts, params)], keep)
 
     @torch.no_grad()
@@ -160,7 +171,8 @@ class HFRolloutEngine:
         decoding = Decoding(params.max_new_tokens, params.temperature, params.top_p, params.top_k, params.greedy,
                             self.banned_ids, self.eos_id, self.pad_id)
         return self._joined([self._run(lambda: sample_continuation(
-            self.model, contexts[a:b], suffixes[a:b], kept[a:b], decoding, self.device, keep, self.updates),
+            self.model, contexts[a:b], suffixes[a:b], kept[a:b], decoding, self.device, keep, self.updates,
+            self.clock),
             params.max_new_tokens) for a, b in self.prompt_ranges(contexts, params)], keep)
 
     def _stale_split(self, contexts: Sequence[EncodedPrompt], suffixes: Sequence[EncodedPrompt],

@@ -30,6 +30,7 @@ from mmrl.models.encoding import EncodedPrompt, collate
 from mmrl.models.families import family_of
 from mmrl.models.forward import core_model, encode_media, text_inputs
 from mmrl.models.logprobs import policy_log_softmax
+from mmrl.perf.clock import PhaseClock
 from mmrl.rollout.inflight import InFlightUpdates
 from mmrl.rollout.kept import KeptContext, joined, keep_rows, keepable
 
@@ -109,19 +110,24 @@ def sample_shared_prefill(
     device: torch.device,
     keep: bool = False,
     updates: InFlightUpdates | None = None,
+    clock: PhaseClock | None = None,
 ) -> Sampled:
     """n samples for each of the G distinct ``prompts`` (rows grouped by prompt): tokens and log-probs
     (G*n, L) (see :class:`Sampled`); with ``keep``, each row's context as the cache holds it after the turn
     (:mod:`mmrl.rollout.kept`), for a later turn of the same episode; with ``updates``, newer weights are loaded
-    between tokens (:mod:`mmrl.rollout.inflight`).
+    between tokens (:mod:`mmrl.rollout.inflight`). ``clock`` gets the seconds of ``vision``, ``prefill`` and
+    ``decode``.
     """
+    clock = clock or PhaseClock()
     core = core_model(model)
     family = family_of(core.config)
     inputs = {k: v.to(device) for k, v in collate(prompts, pad_id, share_media=True).items()}
     positions = family.positions(core, inputs)  # (A, G, P)
-    media, _ = encode_media(core, inputs, always=False)
-    out = model(**text_inputs(inputs), mm_encoder_outputs=media or None, position_ids=family.model_positions(positions),
-                use_cache=True, logits_to_keep=1)
+    with clock("vision"):
+        media, _ = encode_media(core, inputs, always=False)
+    with clock("prefill"):
+        out = model(**text_inputs(inputs), mm_encoder_outputs=media or None,
+                    position_ids=family.model_positions(positions), use_cache=True, logits_to_keep=1)
     cache = out.past_key_values
     cache.batch_repeat_interleave(n)
     logits = out.logits[:, -1].repeat_interleave(n, dim=0)
@@ -129,8 +135,9 @@ def sample_shared_prefill(
     next_position = (positions.amax(dim=(0, 2)) + 1).repeat_interleave(n)  # (G*n,)
     decoding = Decoding(max_new_tokens, temperature, top_p, top_k, greedy, banned_ids, eos_id, pad_id)
     rows = [p for p in prompts for _ in range(n)]
-    return decode(model, family.position_axes, family.model_positions, cache, logits, attention, next_position,
-                  decoding, keep, updates, prefill_again(model, rows, pad_id, device))
+    with clock("decode"):
+        return decode(model, family.position_axes, family.model_positions, cache, logits, attention, next_position,
+                      decoding, keep, updates, prefill_again(model, rows, pad_id, device))
 
 
 @torch.no_grad()
@@ -143,14 +150,16 @@ def sample_continuation(
     device: torch.device,
     keep: bool = False,
     updates: InFlightUpdates | None = None,
+    clock: PhaseClock | None = None,
 ) -> Sampled:
     """One sample for each of B contexts whose first ``kept[i].length`` tokens the model has run already.
 
     contexts: the whole contexts (for their positions); suffixes: each context's tokens after its kept part,
     with the media of those tokens only (the suffix's images go through the vision tower, nothing else does).
     The suffixes are left-padded after the kept rows (the padding is masked); returns as
-    :func:`sample_shared_prefill` does.
+    :func:`sample_shared_prefill` does (``clock`` as there).
     """
+    clock = clock or PhaseClock()
     core = core_model(model)
     family = family_of(core.config)
     cache, kept_attention = joined(kept, device)
@@ -167,13 +176,16 @@ def sample_continuation(
         next_position[row] = whole.max() + 1
     positions, next_position = positions.to(device), next_position.to(device)
     attention = torch.cat([kept_attention, inputs["attention_mask"]], dim=1)
-    media, _ = encode_media(core, inputs, always=False)
-    out = model(**(text_inputs(inputs) | {"attention_mask": attention}), mm_encoder_outputs=media or None,
-                position_ids=family.model_positions(positions), past_key_values=cache, use_cache=True,
-                logits_to_keep=1)
-    return decode(model, family.position_axes, family.model_positions, out.past_key_values, out.logits[:, -1],
-                  attention, next_position, decoding, keep, updates,
-                  prefill_again(model, contexts, decoding.pad_id, device))
+    with clock("vision"):
+        media, _ = encode_media(core, inputs, always=False)
+    with clock("prefill"):
+        out = model(**(text_inputs(inputs) | {"attention_mask": attention}), mm_encoder_outputs=media or None,
+                    position_ids=family.model_positions(positions), past_key_values=cache, use_cache=True,
+                    logits_to_keep=1)
+    with clock("decode"):
+        return decode(model, family.position_axes, family.model_positions, out.past_key_values, out.logits[:, -1],
+                      attention, next_position, decoding, keep, updates,
+                      prefill_again(model, contexts, decoding.pad_id, device))
 
 
 def prefill_again(model: torch.nn.Module, rows: Sequence[EncodedPrompt], pad_id: int, device: torch.device) -> Rerun:

@@ -32,7 +32,6 @@ from mmrl.models.loading import check_checkpoint, grid_pixels, load_processor
 from mmrl.protocol import Batch
 from mmrl.rollout.sampling import SamplingParams
 from mmrl.run_config import prepare_run_config
-from mmrl.trainer.tracking import Tracker, console_line
 from mmrl.trainer.checkpoint import CheckpointManager, DriverState, check_resumable, load_driver_state
 from mmrl.trainer.collection import Collection, score_stages
 from mmrl.trainer.dataset import PromptLoader, load_rows
@@ -43,9 +42,11 @@ from mmrl.trainer.guidance import fill_behaviour
 from mmrl.trainer.metrics import memory_metrics, non_finite, step_metrics, timing_metrics, value_metrics
 from mmrl.trainer.old_log_probs import OldLogProbs
 from mmrl.trainer.pass_rates import PassRates, SamplingRules
+from mmrl.trainer.perf import MFUAccount, save_profile
 from mmrl.trainer.plots import plot_curves
 from mmrl.trainer.reward_stage import RewardStage
 from mmrl.trainer.sources import RolloutSource, build_source
+from mmrl.trainer.tracking import Tracker, console_line
 from mmrl.trajectory import policy_mask
 from mmrl.workers.critic import CriticWorker
 from mmrl.workers.hybrid import ActorRolloutRefWorker
@@ -100,6 +101,7 @@ class RLTrainer:
                                      score_stages(cfg, processor.tokenizer, self.episodes, self.guide_episodes),
                                      self.sampling, self.timer)
         self.timing: dict[str, float] = {}
+        self.mfu = MFUAccount(cfg, self.checkpoint)
         self.restarts = 0
         self.reset_progress()
 
@@ -141,6 +143,7 @@ class RLTrainer:
         export the final policy in Hugging Face format."""
         self.build_workers()
         self.log_batching(tracker)
+        tracker.log_metrics(self.mfu.measure(self.workers), 0)
         if resume is not None:
             self.restore(resume)
         last_eval: dict[str, float] = {}
@@ -155,7 +158,12 @@ class RLTrainer:
     def train_step(self, tracker: Tracker) -> dict[str, float] | None:
         """Step ``step_no + 1``: train, evaluate when due, log, checkpoint when due. Returns the eval metrics."""
         cfg, step = self.cfg.trainer, self.step_no + 1
-        metrics = self.step(self.source.next_prompts(self.loader))
+        prompts = self.source.next_prompts(self.loader)
+        if step in cfg.profile_steps:
+            self.workers.start_profile()
+        metrics = self.step(prompts)
+        if step in cfg.profile_steps:
+            save_profile(self.workers, tracker, Path(cfg.out_dir) / "profile" / f"step_{step}", self.timing, metrics)
         self.count_skip(step, metrics)
         evaluated = None
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
@@ -179,6 +187,7 @@ class RLTrainer:
             batch, metrics = self.collect(prompts)
             self.episodes.trace(batch, self.step_no + 1)  # tracking.trace_episodes of them, as MLflow traces
             self.source.release()
+            self.timing |= self.source.phase_seconds()
             batch = self.old_log_probs.add(batch, self.workers)
             fill_behaviour(batch)  # the guides' (trainer.guide_unsolved), which no engine drew
             metrics |= self.correct_rollouts(batch)
@@ -191,6 +200,7 @@ class RLTrainer:
         metrics |= step_metrics(batch) | value_metrics(batch) | {"rollout/weight_syncs": float(syncs)}
         metrics |= self.episodes.metrics(batch, self.tool_names) | self.rules.metrics() | self.source.metrics()
         metrics |= memory_metrics(metrics, {"actor": self.workers, **self.groups})
+        metrics |= self.mfu.metrics(batch, self.timing)
         return metrics | timing_metrics(batch, self.timing, self.workers.world_size)
 
     def begin_step(self) -> int:

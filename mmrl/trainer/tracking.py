@@ -162,6 +162,10 @@ class Tracker:
     def log_text(self, text: str, artifact_file: str) -> None:
         mlflow.log_text(text, artifact_file)
 
+    def log_artifacts(self, folder: Path, artifact_path: str) -> None:
+        """The files of ``folder`` as the run's artifacts under ``artifact_path``."""
+        mlflow.log_artifacts(str(folder), artifact_path)
+
     def log_figure(self, figure: Any, artifact_file: str) -> None:
         mlflow.log_figure(figure, artifact_file)
 

@@ -24,24 +24,40 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from mmrl.agent.rollout import AgentRollout
 from mmrl.algos import ALGORITHMS, LOSSES, needs_reference, policy_loss
 from mmrl.algos.rollout_correction import IS_WEIGHTS
-from mmrl.memory.budget import (MicroBatching, ModelDims, memory_at_hand, score_batching, sharers, training_state_bytes,
-                         update_batching)
 from mmrl.config import Config
 from mmrl.controller import Dispatch, register
 from mmrl.controller.dispatch import CONTEXT, CONTEXT_KEY
+from mmrl.memory.budget import (
+    MicroBatching,
+    ModelDims,
+    memory_at_hand,
+    score_batching,
+    sharers,
+    training_state_bytes,
+    update_batching,
+)
 from mmrl.models.encoding import vision_token_ids
 from mmrl.models.loading import load_processor, save_checkpoint
-from mmrl.models.lora import (ADAPTER_DIR, adapter_state, adapter_tensors, adapters_off, export_config, has_lora,
-                              lora_layers, merged_state, save_adapters)
+from mmrl.models.lora import (
+    ADAPTER_DIR,
+    adapter_state,
+    adapter_tensors,
+    adapters_off,
+    export_config,
+    has_lora,
+    lora_layers,
+    merged_state,
+    save_adapters,
+)
 from mmrl.models.weights import to_hf_names
 from mmrl.parallel.sharding import full_state
 from mmrl.protocol import Batch
@@ -183,6 +199,20 @@ class ActorRolloutRefWorker(CheckpointedWorker):
         engine has nothing to free."""
         if self.rollout is not None and self.cfg.rollout.free_cache_engine and self.rollout.release():
             self.engine_version = None
+
+    @register(Dispatch.ONE_TO_ALL)
+    def drop_prompts(self) -> None:
+        """A new step (see :meth:`Worker.drop_prompts`); the engine's phase clock starts again, so a step's
+        :meth:`rollout_seconds` leave out the validation between steps."""
+        super().drop_prompts()
+        self.rollout_seconds()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def rollout_seconds(self) -> dict[str, float]:
+        """The engine's seconds per phase (``vision``, ``prefill``, ``decode``) since the last call; empty for an
+        engine that does not time them (vLLM's, which runs its own scheduler)."""
+        clock = getattr(self.rollout, "clock", None)
+        return clock.take() if clock is not None else {}
 
     def rollout_batch(self, prompts: Batch, params: SamplingParams, keep: bool, return_prompts: bool,
                       share_contexts: bool = False) -> Batch:

@@ -1,5 +1,6 @@
 """GRPO through real Ray workers on the tiny model, tracked in a real MLflow store."""
 
+import gzip
 import io
 import json
 import os
@@ -18,11 +19,11 @@ from mlflow.tracking import MlflowClient
 from PIL import Image
 from safetensors.torch import load_file
 
+from benchmarks.probes import ProbedActor
 from mmrl.controller import ResourcePool, WorkerGroup
 from mmrl.rollout.base import SamplingParams
 from mmrl.trainer.dataset import load_rows, rows_to_batch
 from mmrl.trainer.run import run_rl
-from benchmarks.probes import ProbedActor
 
 
 class UIServer:
@@ -70,6 +71,7 @@ def test_two_grpo_steps_log_to_mlflow(tiny_config, reference_greedy):
     cfg.actor.use_kl_loss = True  # exercises the reference policy too
     cfg.tracking.log_model, cfg.tracking.system_metrics, cfg.tracking.system_metrics_interval_s = True, True, 1.0
     cfg.tracking.register_model = "tiny-policy"
+    cfg.trainer.profile_steps = [2]
     with mlflow_ui(cfg.tracking.uri) as ui:  # the UI's server starts while the run trains: it reads the store live
         result = run_rl(cfg)
         check_the_run(cfg, result, ui, reference_greedy)
@@ -93,8 +95,19 @@ def check_the_run(cfg, result, ui: UIServer, reference_greedy) -> None:
     # The training forward (old log-probs) reproduces the rollout's log-probs for the same weights.
     for point in client.get_metric_history(run.info.run_id, "rollout/logprob_diff_max"):
         assert point.value < 1e-4
+    # The MFU account: each timed phase's share of the peak measured at the run's start (mmrl.perf).
+    [peak] = client.get_metric_history(run.info.run_id, "perf/peak_tflops")
+    assert peak.step == 0 and peak.value > 0
+    for phase in ("gen", "gen/vision", "gen/prefill", "gen/decode", "old_log_prob", "ref", "update_actor"):
+        assert 0 < run.data.metrics[f"perf/mfu/{phase}"] < 1, phase
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"curves.png", "rollouts"} <= artifacts
+    assert {"curves.png", "rollouts", "profile"} <= artifacts
+    profiled = Path(client.download_artifacts(run.info.run_id, "profile/step_2"))
+    assert {p.name for p in profiled.iterdir()} == {"trace_rank0.json.gz", "ops_rank0.txt", "phases.txt"}
+    spans = {e.get("name") for e in json.loads(gzip.decompress((profiled / "trace_rank0.json.gz").read_bytes()))[
+        "traceEvents"]}
+    assert {"mmrl.generate", "mmrl.decode", "mmrl.compute_log_probs", "mmrl.update_actor"} <= spans
+    assert "aten::mm" in (profiled / "ops_rank0.txt").read_text()
     tables = {a.path for a in client.list_artifacts(run.info.run_id, "rollouts")}
     assert "rollouts/step_00001.html" in tables and "rollouts/step_00002.json" in tables
     assert (Path(cfg.trainer.out_dir) / "checkpoint" / "config.json").is_file()

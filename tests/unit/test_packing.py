@@ -13,7 +13,8 @@ from mmrl.models.encoding import encode_prompt
 from mmrl.models.forward import PolicyForward
 from mmrl.models.loading import load_model, load_processor
 from mmrl.models.logprobs import response_logprobs
-from mmrl.models.packing import Groups, attention_mask, pack, text_costs, worth_packing
+from mmrl.models.packing import Groups, attention_mask, pack, worth_packing
+from mmrl.perf.text import text_costs
 from mmrl.schema import Video
 
 COLOURS = [(200, 30, 30), (30, 30, 200), (30, 200, 30), (200, 200, 30)]
@@ -133,28 +134,14 @@ def test_groups_keep_first_appearance_order():
     assert groups.sizes() == [3, 2, 1]
 
 
-def test_text_costs_are_a_counted_forward(tiny_model_dir):
-    """The language model's forward over one unpadded text row of T tokens, FLOPs counted by torch's counter
-    (eager attention: its matrix products are counted): dense * T + pair * T ** 2 exactly (T = 5 and 40, so
-    both terms are pinned)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    model = load_model(tiny_model_dir, "float32", "eager", torch.device("cpu"))
-    dense, pair = text_costs(model.config)
-    for length in (5, 40):
-        ids = torch.randint(10, 100, (1, length))
-        with FlopCounterMode(display=False) as counter, torch.no_grad():
-            model.model.language_model(input_ids=ids, use_cache=False)
-        assert counter.get_total_flops() == dense * length + pair * length**2
-
-
 def test_packing_is_chosen_by_its_cost(model_and_processor, prompts):
     """Eight short responses to one image prompt pack (its tokens run once); eight long ones of unequal length do
     not (one row of 8 long responses costs more attention than 8 rows); a batch without a repeated prompt never
     packs. The choice is checked against the two layouts costed by hand."""
     model, _ = model_and_processor
     one = prompts[0]
-    dense, pair = text_costs(model.config)
+    costs = text_costs(model.config)
+    dense, pair = costs.dense, costs.pair
 
     def by_hand(extents):
         packed_row = len(one) + sum(extents)

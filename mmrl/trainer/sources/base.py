@@ -95,5 +95,10 @@ class RolloutSource:
         """The source's metrics of the step just trained."""
         return {}
 
+    def phase_seconds(self) -> dict[str, float]:
+        """The step's generation seconds per phase its engines timed (``gen/vision``, ``gen/prefill``,
+        ``gen/decode``: the slowest rank's), for the MFU account; empty where none were timed."""
+        return {}
+
     def shutdown(self) -> None:
         """Stop what the source started (not the trainer's groups)."""

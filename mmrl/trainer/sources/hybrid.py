@@ -37,6 +37,10 @@ class HybridRollouts(RolloutSource):
     def release(self) -> None:
         self.workers.release_engine()
 
+    def phase_seconds(self) -> dict[str, float]:
+        per_rank = self.workers.rollout_seconds()
+        return {f"gen/{name}": max(r.get(name, 0.0) for r in per_rank) for name in {n for r in per_rank for n in r}}
+
     def after_update(self) -> int:
         return self.sync_weights(wake=False)
 

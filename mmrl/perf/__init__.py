@@ -1,0 +1,1 @@
+"""Performance accounting: FLOPs per phase, the machine's measured peak, MFU."""
