@@ -81,9 +81,7 @@ def pack(
     groups = Groups.of(prompts)
     family = family_of(core.config)
     extents = response_extents(response_mask)
-    lengths = [len(p) for p in groups.prompts]
-    for g, extent in zip(groups.index, extents):
-        lengths[g] += extent
+    lengths = packed_lengths(groups, extents)
     total = max(lengths)
     count = len(groups.prompts)
     input_ids = torch.full((count, total), pad_token_id, dtype=torch.long)
@@ -147,6 +145,14 @@ def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
+def packed_lengths(groups: Groups, extents: Sequence[int]) -> list[int]:
+    """Each packed row's length: its prompt and the extents of its responses."""
+    lengths = [len(p) for p in groups.prompts]
+    for g, extent in zip(groups.index, extents):
+        lengths[g] += extent
+    return lengths
+
+
 def worth_packing(config: object, prompts: Sequence[EncodedPrompt], response_mask: torch.Tensor) -> bool:
     """Whether the packed forward costs fewer FLOPs than the plain one (rows of prompt + response).
 
@@ -163,10 +169,7 @@ def worth_packing(config: object, prompts: Sequence[EncodedPrompt], response_mas
         return False
     costs = text_costs(config)
     extents = response_extents(response_mask)
-    packed_lengths = [len(p) for p in groups.prompts]
-    for g, extent in zip(groups.index, extents):
-        packed_lengths[g] += extent
-    packed_row = max(packed_lengths)
+    packed_row = max(packed_lengths(groups, extents))
     plain_row = max(len(p) for p in prompts) + max(extents)
     packed = len(groups.prompts) * costs.forward(packed_row, packed_row**2, 0)
     plain = len(prompts) * costs.forward(plain_row, plain_row**2, 0)
