@@ -9,6 +9,7 @@ import torch
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
 from mmrl.models.families import Family, family_of, family_of_processor
+from mmrl.patches import sdpa_gqa
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -30,10 +31,12 @@ def checkpoint_family(path: str | Path) -> Family:
 
 
 def load_model(path: str | Path, dtype: str = "float32", attn: str = "sdpa", device: torch.device | str = "cpu") -> Any:
-    """A Hugging Face VLM from a local folder, with its family's patches installed (:meth:`Family.prepare`)."""
+    """A Hugging Face VLM from a local folder, with its family's patches installed (:meth:`Family.prepare`) and
+    grouped-query attention without copies on CPU (:mod:`mmrl.patches.sdpa_gqa`)."""
     folder = check_checkpoint(path)
     config = AutoConfig.from_pretrained(folder)
     family_of(config).prepare()
+    sdpa_gqa.apply()
     model = AutoModelForImageTextToText.from_pretrained(folder, config=config, dtype=DTYPES[dtype],
                                                         attn_implementation=attn)
     return model.to(device)

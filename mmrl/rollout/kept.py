@@ -42,7 +42,7 @@ class KeptContext:
 def keepable(cache: object) -> bool:
     """Whether every layer of ``cache`` holds every token (plain full attention) and can be kept."""
     layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
+    return bool(layers) and all(type(layer).__name__ in ("DynamicLayer", "ReservedLayer") for layer in layers)
 
 
 def keep_rows(cache: DynamicCache, attention: torch.Tensor, ends: Sequence[int | None]) -> list[KeptContext | None]:

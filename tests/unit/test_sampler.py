@@ -11,7 +11,7 @@ from mmrl.models.encoding import collate, encode_prompt, vision_token_ids
 from mmrl.models.forward import PolicyForward
 from mmrl.models.loading import load_model, load_processor
 from mmrl.models.logprobs import response_logprobs
-from mmrl.rollout.sampler import LiveRows, sample_shared_prefill, truncate
+from mmrl.rollout.sampler import LiveRows, draw, sample_shared_prefill, truncate
 from mmrl.schema import Video
 
 CPU = torch.device("cpu")
@@ -171,3 +171,16 @@ def test_a_row_that_left_the_batch_keeps_its_context(setup, monkeypatch):
         for layer, keys, values in zip(cache.layers, kept.keys, kept.values):
             torch.testing.assert_close(keys, layer.keys[0], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(values, layer.values[0], atol=1e-5, rtol=1e-5)
+
+
+def test_draws_follow_the_truncated_distribution():
+    """200,000 draws of one row: each token's frequency within 4.5 standard errors of its probability, with top-k
+    keeping 3 of 5 tokens (renormalised by hand) and without truncation; a token outside the top-k never drawn."""
+    probs = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15])
+    draws = 200_000
+    torch.manual_seed(0)
+    for top_k, expected in ((0, probs), (3, torch.tensor([0.0, 0.4, 0.0, 0.3, 0.15]) / 0.85)):
+        tokens = draw(probs.log().expand(draws, -1), greedy=False, top_k=top_k, top_p=1.0)
+        freq = torch.bincount(tokens, minlength=5).double() / draws
+        stderr = (expected * (1 - expected) / draws).sqrt().double()
+        assert ((freq - expected.double()).abs() <= 4.5 * stderr + 1e-12).all(), (top_k, freq, expected)
