@@ -11,7 +11,6 @@ from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 from mmrl.models.families import Family, family_of, family_of_processor
 from mmrl.patches import sdpa_gqa
 
-
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
