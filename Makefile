@@ -99,7 +99,8 @@ bench: bench-peer
 	$(BENCH).media --config configs/bench_engines.yaml $(ARGS)
 	$(BENCH).agent_turns --config configs/agent_demo.yaml
 
-# mmrl vs TRL's GRPOTrainer, same model and work, samples/s and their ratio (about 4 min on 2 cores). TRL is
+# mmrl vs TRL's GRPOTrainer, same model and work, samples/s and their ratio, and the MFU of each phase (about 4 min
+# on 2 cores); stores results/bench/peer.json and renders its tables into docs/performance.md. TRL is
 # installed here, never by `make install`. SIZES="16x8x16 64x8x32" (P x n x T each) and SIDES="trl mmrl" pick the
 # work and the sides (--sizes, --sides).
 bench-peer: $(STAMP)
