@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.flags import names, shapes
-from benchmarks.record import DOC, ROOT, Block, commit_text, dump_record, load_record
+from benchmarks.record import ROOT, Block, StoredBench, commit_text
 
 OUT = Path("outputs/bench_long_tail")
 CONFIG = "configs/bench_long_tail.yaml"
@@ -133,11 +133,6 @@ def replace_block(text: str, block: str) -> str:
     return BLOCK.replace(text, block)
 
 
-def write_docs(record: dict[str, Any], doc: Path = DOC) -> bool:
-    """Render ``record`` into ``doc``; True when that changed it."""
-    return BLOCK.write(render(record), doc)
-
-
 # ---- the measurement -----------------------------------------------------------------------------------------
 
 def recorded_run(cfg: Any) -> tuple[str, dict[int, list[int]]]:
@@ -203,12 +198,7 @@ def flag_parser() -> argparse.ArgumentParser:
                         help="measured steps after the warm-up step (make: STEPS=...; default: %(default)s)")
     parser.add_argument("--sides", type=names(list(MMRL_SIDES)), default=" ".join(SIDES),
                         help="the sides, the first the ratios' base (make: SIDES=...; default: %(default)s)")
-    parser.add_argument("--record", type=Path, default=RECORD,
-                        help="where the run's record goes; the default is the stored one the docs are rendered "
-                             "from, and only a run stored there re-renders them (default: %(default)s)")
-    parser.add_argument("--render", action="store_true", help="only render docs/performance.md from the stored record")
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 when docs/performance.md's table is not the stored record's")
+    STORED.add_flags(parser)
     return parser
 
 
@@ -228,15 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     if not any(a == "--config" or a.startswith("--config=") for a in args):
         args = ["--config", CONFIG, *args]  # the stage's default is the demo's
     command, flags = parse_flags(flag_parser(), args)
-    if flags.check:
-        stale = BLOCK.stale(render(load_record(RECORD)))
-        if stale:
-            print(f"{DOC.relative_to(ROOT)}: its long-tail table differs from {RECORD.relative_to(ROOT)}: run "
-                  "`python -m benchmarks.long_tail --render`", file=sys.stderr)
-        return int(stale)
-    if flags.render:
-        print(f"{DOC.relative_to(ROOT)}: {'rendered' if write_docs(load_record(RECORD)) else 'up to date'}")
-        return 0
+    done = STORED.docs_only(flags.check, flags.render)
+    if done is not None:
+        return done
     if flags.steps < 1 or len(flags.size) != 1:
         raise SystemExit("bench-long-tail: give one --size and --steps of at least 1")
     import torch
@@ -261,13 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         out_dir = f"trainer.out_dir={OUT / f'{side}-{shape_text((prompts, n, tokens))}'}"
         record["sides"][side] = measure_side(command.load(*work, out_dir, *MMRL_SIDES[side]), prompts * n)
         print_record(record)
-    flags.record.parent.mkdir(parents=True, exist_ok=True)
-    flags.record.write_text(dump_record(record))
-    print(f"bench-long-tail: wrote {flags.record}")
-    if flags.record.resolve() == RECORD.resolve():
-        write_docs(record)
-        print(f"bench-long-tail: rendered {DOC.relative_to(ROOT)}")
+    STORED.store(record, flags.record)
     return 0
+
+
+STORED = StoredBench("bench-long-tail", "long_tail", RECORD, BLOCK, render)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from benchmarks.flags import names, parse_flags, shapes
-from benchmarks.record import ROOT, Block, commit_text, dump_record, load_record
+from benchmarks.record import ROOT, Block, StoredBench, commit_text
 from mmrl.config import Config
 from mmrl.trainer.tracking import tracking_uri
 
@@ -311,12 +311,7 @@ def flag_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sides", type=names(["trl", *MMRL_SIDES]), default=" ".join(SIDES),
                         help=f"the sides, the first the ratios' base, from {', '.join(['trl', *MMRL_SIDES])} "
                              "(make: SIDES=...; default: %(default)s)")
-    parser.add_argument("--record", type=Path, default=RECORD,
-                        help="where the run's record goes; the default is the stored one the docs are rendered "
-                             "from, and only a run stored there re-renders them (default: %(default)s)")
-    parser.add_argument("--render", action="store_true", help="only render docs/performance.md from the stored record")
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 when docs/performance.md's tables are not the stored record's")
+    STORED.add_flags(parser)
     return parser
 
 
@@ -326,22 +321,10 @@ def shape_text(shape: tuple[int, ...]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     command, flags = parse_flags(flag_parser(), argv)
-    if flags.check:
-        stale = BLOCK.stale(render(load_record(RECORD)))
-        if stale:
-            print(f"docs/performance.md: its bench-peer tables differ from {RECORD.relative_to(ROOT)}: run "
-                  "`python -m benchmarks.peer --render`", file=sys.stderr)
-        return int(stale)
-    if flags.render:
-        print(f"docs/performance.md: {'rendered' if BLOCK.write(render(load_record(RECORD))) else 'up to date'}")
-        return 0
-    record = measure(command, flags.sizes, flags.sides, argv)
-    flags.record.parent.mkdir(parents=True, exist_ok=True)
-    flags.record.write_text(dump_record(record))
-    print(f"bench-peer: wrote {flags.record}")
-    if flags.record.resolve() == RECORD.resolve():
-        BLOCK.write(render(record))
-        print("bench-peer: rendered docs/performance.md")
+    done = STORED.docs_only(flags.check, flags.render)
+    if done is not None:
+        return done
+    STORED.store(measure(command, flags.sizes, flags.sides, argv), flags.record)
     return 0
 
 
@@ -378,6 +361,9 @@ def measure(command: Any, sizes: list[tuple[int, ...]], sides: list[str], argv: 
                                   "sides": {k: side_record(v, prompts * n) for k, v in measured.items()}})
         print_record(record)
     return record
+
+
+STORED = StoredBench("bench-peer", "peer", RECORD, BLOCK, render)
 
 
 if __name__ == "__main__":

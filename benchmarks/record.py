@@ -7,8 +7,11 @@ and ``--check`` (and a unit test) says whether the docs still show the stored re
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,3 +62,49 @@ class Block:
         """Whether ``doc`` shows something else than ``block``."""
         text = doc.read_text()
         return self.replace(text, block) != text
+
+
+@dataclass(frozen=True)
+class StoredBench:
+    """A bench (``make <name>``, ``python -m benchmarks.<module>``) whose run is stored at ``record`` and rendered
+    (by ``render``) into ``block`` of the docs."""
+
+    name: str
+    module: str
+    record: Path
+    block: Block
+    render: Callable[[dict[str, Any]], str]
+
+    def add_flags(self, parser: argparse.ArgumentParser) -> None:
+        """``--record``, ``--render`` and ``--check``."""
+        parser.add_argument("--record", type=Path, default=self.record,
+                            help="where the run's record goes; the default is the stored one the docs are rendered "
+                                 "from, and only a run stored there re-renders them (default: %(default)s)")
+        parser.add_argument("--render", action="store_true",
+                            help="only render docs/performance.md from the stored record")
+        parser.add_argument("--check", action="store_true",
+                            help="exit 1 when docs/performance.md does not show the stored record")
+
+    def docs_only(self, check: bool, render: bool) -> int | None:
+        """``--check`` (1 when the docs do not show the stored record) or ``--render``; None: neither was asked."""
+        if check:
+            stale = self.block.stale(self.render(load_record(self.record)))
+            if stale:
+                print(f"docs/performance.md: its {self.name} tables differ from {self.record.relative_to(ROOT)}: "
+                      f"run `python -m benchmarks.{self.module} --render`",
+                      file=sys.stderr)
+            return int(stale)
+        if render:
+            changed = self.block.write(self.render(load_record(self.record)))
+            print(f"docs/performance.md: {'rendered' if changed else 'up to date'}")
+            return 0
+        return None
+
+    def store(self, record: dict[str, Any], path: Path) -> None:
+        """Write ``record`` to ``path``; when that is the stored record's path, render it into the docs."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(dump_record(record))
+        print(f"{self.name}: wrote {path}")
+        if path.resolve() == self.record.resolve():
+            self.block.write(self.render(record))
+            print(f"{self.name}: rendered docs/performance.md")

@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from benchmarks.long_tail import (BEGIN, DOC, END, RECORD, dump_record, eos_rate, length_stats, load_record, quantile,
-                                  render, replace_block, spread, table_rows)
+from benchmarks.long_tail import (BEGIN, END, RECORD, eos_rate, length_stats, quantile, render, replace_block, spread,
+                                  table_rows)
+from benchmarks.record import DOC, dump_record, load_record
 
 
 def test_quantiles_interpolate_between_ranks_as_numpy_does():
