@@ -19,6 +19,7 @@ Logits at positions ``P-1 .. P+R-2`` predict the R response tokens.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,8 +41,8 @@ from mmrl.models.media import (
 from mmrl.models.prompt import EncodedPrompt
 from mmrl.schema import Video
 
-__all__ = ["MEDIA_FIELDS", "EncodedPrompt", "collate", "encode_prompt", "frames_array", "response_media_types",
-           "to_chat_content", "video_metadata", "vision_token_ids"]
+__all__ = ["MEDIA_FIELDS", "EncodedPrompt", "PromptParts", "collate", "encode_prompt", "encode_prompts", "frames_array",
+           "response_media_types", "to_chat_content", "video_metadata", "vision_token_ids"]
 
 
 def encode_prompt(
@@ -52,18 +53,36 @@ def encode_prompt(
     name: str = "",
 ) -> EncodedPrompt:
     """Apply the chat template (with the generation prompt) and the image and video processors to one prompt."""
-    check_placeholders(messages, images, videos, name)
+    return encode_prompts(processor, [PromptParts(messages, images, videos, name)])[0]
+
+
+@dataclass(frozen=True)
+class PromptParts:
+    """One prompt before encoding: its chat ``messages`` (``<image>`` / ``<video>`` placeholders), its media and
+    the ``name`` its errors give."""
+
+    messages: Sequence[dict[str, Any]]
+    images: Sequence[Image.Image] = ()
+    videos: Sequence[Video] = ()
+    name: str = ""
+
+
+def encode_prompts(processor: Any, prompts: Sequence[PromptParts]) -> list[EncodedPrompt]:
+    """:func:`encode_prompt` of several prompts, the processor run once on all of them where the family can
+    (:meth:`~mmrl.models.families.base.Family.encode_many`): the same encodings as one call each."""
+    if not prompts:
+        return []
     family = family_of_processor(processor)
-    text = family.chat_text(processor, to_chat_content(messages))
-    if videos and not family.takes_video:
-        raise ValueError(f"prompt {name or ''} has a video, but {family.name} models take no video input")
-    return EncodedPrompt(
-        **family.encode(processor, text, images, videos),
-        source_images=list(images),
-        source_videos=list(videos),
-        template_ids=list(processor.tokenizer(text)["input_ids"]),
-        name=name,
-    )
+    texts = []
+    for p in prompts:
+        check_placeholders(p.messages, p.images, p.videos, p.name)
+        if p.videos and not family.takes_video:
+            raise ValueError(f"prompt {p.name or ''} has a video, but {family.name} models take no video input")
+        texts.append(family.chat_text(processor, to_chat_content(p.messages)))
+    fields = family.encode_many(processor, texts, [p.images for p in prompts], [p.videos for p in prompts])
+    templates = processor.tokenizer(texts)["input_ids"]
+    return [EncodedPrompt(**f, source_images=list(p.images), source_videos=list(p.videos), template_ids=list(ids),
+                          name=p.name) for p, f, ids in zip(prompts, fields, templates, strict=True)]
 
 
 def collate(

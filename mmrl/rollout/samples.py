@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from mmrl.models.encoding import EncodedPrompt, encode_prompt
+from mmrl.models.encoding import EncodedPrompt, PromptParts, encode_prompts
 from mmrl.protocol import Batch
 from mmrl.rollout.base import RolloutEngine, SamplingParams
 from mmrl.schema import decode_image, decode_video
@@ -17,19 +17,23 @@ def encode_row(processor: Any, messages: list[dict], images: list[bytes], videos
                name: str) -> EncodedPrompt:
     """One prompt row (``<image>`` / ``<video>`` placeholders in ``messages``, PNG bytes, stored frames) ->
     its EncodedPrompt, named ``name`` in error messages."""
-    return encode_prompt(processor, messages, [decode_image(b) for b in images],
-                         [decode_video(v) for v in videos or []], name=name)
+    return encode_prompts(processor, [row_parts(messages, images, videos, name)])[0]
+
+
+def row_parts(messages: list[dict], images: list[bytes], videos: list[dict] | None, name: str) -> PromptParts:
+    """One prompt row's parts (PNG bytes and stored frames decoded), for :func:`encode_prompts`."""
+    return PromptParts(messages, [decode_image(b) for b in images], [decode_video(v) for v in videos or []], name)
 
 
 def encode_rows(processor: Any, prompts: Batch) -> list[EncodedPrompt]:
     """One EncodedPrompt per prompt row (``messages``, ``images``, optional ``videos``), named by its ``uid``
-    when the Batch has one."""
+    when the Batch has one; the processor runs once on them all where the family can."""
     prompts.require("messages", "images")
     count = len(prompts)
     names = prompts["uid"] if "uid" in prompts.objects else [f"#{i}" for i in range(count)]
     videos = prompts["videos"] if "videos" in prompts.objects else [[]] * count
-    return [encode_row(processor, m, i, v, str(name))
-            for m, i, v, name in zip(prompts["messages"], prompts["images"], videos, names)]
+    return encode_prompts(processor, [row_parts(m, i, v, str(name))
+                                      for m, i, v, name in zip(prompts["messages"], prompts["images"], videos, names)])
 
 
 def generate_samples(engine: RolloutEngine, processor: Any, prompts: Batch, params: SamplingParams) -> Batch:

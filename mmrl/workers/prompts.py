@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mmrl.controller.dispatch import CONTEXT, CONTEXT_KEY
-from mmrl.models.encoding import EncodedPrompt
+from mmrl.models.encoding import EncodedPrompt, PromptParts, encode_prompts
 from mmrl.models.media import MEDIA_KEYS
 from mmrl.protocol import Batch
-from mmrl.rollout.samples import encode_row
+from mmrl.rollout.samples import row_parts
 
 # With ``prompts=True`` in the method's registration: what every pass that scores responses reads.
 SCORED = ("responses", "response_mask")
@@ -65,7 +65,7 @@ class PromptCache:
         media = {key: batch.objects.get(key) for key in MEDIA_KEYS}
         contexts = batch.objects.get(CONTEXT_KEY) or [None] * len(batch)
         shipped = batch.objects.get(CONTEXT) or [None] * len(batch)
-        fresh: dict[str, EncodedPrompt] = {}
+        fresh = self.encode_new(batch["uid"], media, contexts)
         encodings = []
         for row, uid in enumerate(batch["uid"]):
             key = contexts[row]
@@ -77,18 +77,26 @@ class PromptCache:
                                    "share_contexts)")
                 fresh[key] = context
                 encodings.append(context)
-                continue
-            prompt = self.by_uid.get(uid) or fresh.get(uid)
-            if prompt is None:
-                if media["messages"] is None or media["messages"][row] is None:
-                    raise KeyError(f"prompt {uid!r} is not held on this rank and its media did not come with the "
-                                   "call (the WorkerGroup sends them to the rank that first gets the group)")
-                videos = media["videos"][row] if media["videos"] is not None else []
-                messages = media["messages"][row]
-                messages = self.prepare(messages) if self.prepare is not None else messages
-                prompt = fresh[uid] = encode_row(self.processor, messages, media["images"][row], videos, uid)
-            encodings.append(prompt)
+            else:
+                encodings.append(self.by_uid.get(uid) or fresh[uid])
         if keep:
             self.by_uid.update(fresh)
         objects = {k: v for k, v in batch.objects.items() if k not in (*MEDIA_KEYS, CONTEXT_KEY, CONTEXT)}
         return Batch(tensors=batch.tensors, objects={**objects, "prompt": encodings}, meta=batch.meta)
+
+    def encode_new(self, uids: list[str], media: dict[str, list | None], contexts: list[str | None]
+                   ) -> dict[str, EncodedPrompt]:
+        """The encodings of the rows' prompts this rank does not hold (once per uid), in one processor call
+        where the family can (:func:`mmrl.models.encoding.encode_prompts`)."""
+        todo: dict[str, PromptParts] = {}
+        for row, uid in enumerate(uids):
+            if contexts[row] is not None or uid in self.by_uid or uid in todo:
+                continue
+            if media["messages"] is None or media["messages"][row] is None:
+                raise KeyError(f"prompt {uid!r} is not held on this rank and its media did not come with the "
+                               "call (the WorkerGroup sends them to the rank that first gets the group)")
+            videos = media["videos"][row] if media["videos"] is not None else []
+            messages = media["messages"][row]
+            messages = self.prepare(messages) if self.prepare is not None else messages
+            todo[uid] = row_parts(messages, media["images"][row], videos, uid)
+        return dict(zip(todo, encode_prompts(self.processor, list(todo.values())), strict=True))

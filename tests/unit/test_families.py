@@ -17,7 +17,7 @@ from PIL import Image
 from transformers import AutoConfig
 
 from mmrl.config import ModelConfig, load_config
-from mmrl.models.encoding import collate, encode_prompt, to_chat_content, vision_token_ids
+from mmrl.models.encoding import PromptParts, collate, encode_prompt, encode_prompts, to_chat_content, vision_token_ids
 from mmrl.models.families import FAMILIES, family_named, family_of, family_of_processor
 from mmrl.models.forward import PolicyForward, core_model, encode_media
 from mmrl.models.loading import load_model, load_processor
@@ -183,6 +183,30 @@ def test_agent_episodes_with_a_tool_image_score_as_they_were_sampled(loaded):
                                 policy_mask=batch["policy_mask"])
     at = batch["policy_mask"] > 0
     torch.testing.assert_close(logp.detach()[at], batch["rollout_log_probs"][at], atol=1e-4, rtol=0)
+
+
+def test_prompts_encoded_together_equal_each_encoded_alone(loaded):
+    """The processor run once on several prompts (images of other sizes, two images, none; a video where the family
+    takes one) gives each prompt exactly the fields of the processor run on it alone."""
+    name, _, processor = loaded
+    family = family_of_processor(processor)
+    parts = [PromptParts([{"role": "user", "content": "<image>What colour?"}], [square((200, 30, 30))], name="a"),
+             PromptParts([{"role": "user", "content": "Name one."}], name="b"),
+             PromptParts([{"role": "user", "content": "<image><image>Which is larger?"}],
+                         [square((30, 30, 200), 112), Image.new("RGB", (84, 56), (30, 200, 30))], name="c")]
+    if family.takes_video:
+        clip = Video([square(c) for c in ((200, 30, 30), (30, 30, 200))], [0.0, 0.5])
+        parts.insert(1, PromptParts([{"role": "user", "content": "<video>First?"}], videos=[clip], name="v"))
+    together = encode_prompts(processor, parts)
+    for part, prompt in zip(parts, together, strict=True):
+        text = family.chat_text(processor, to_chat_content(part.messages))
+        alone = family.encode(processor, text, part.images, part.videos)
+        for key, value in alone.items():
+            if value is None:
+                assert getattr(prompt, key) is None, (name, part.name, key)
+            else:
+                assert torch.equal(getattr(prompt, key), value), (name, part.name, key)
+        assert prompt.template_ids == processor.tokenizer(text)["input_ids"] and prompt.name == part.name
 
 
 def test_the_vision_pass_reaches_every_tower_weight(loaded):

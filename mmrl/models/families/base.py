@@ -113,6 +113,12 @@ class Family:
         mm_token_type_ids (P,) (0 text, 1 image, 2 video) and the media fields the family fills."""
         raise NotImplementedError
 
+    def encode_many(self, processor: Any, texts: Sequence[str], images: Sequence[Sequence[Any]],
+                    videos: Sequence[Sequence[Video]]) -> list[dict[str, Any]]:
+        """:meth:`encode` of several prompts (``texts[i]`` with ``images[i]`` and ``videos[i]``); a family may run
+        its processor once on all of them, for the same fields as one call each."""
+        return [self.encode(processor, t, i, v) for t, i, v in zip(texts, images, videos, strict=True)]
+
     def vision_tokens(self, tokenizer: PreTrainedTokenizerFast) -> list[str]:
         """The tokens of ``tokenizer`` that only the processor may place (a sampled one would desynchronise
         the media features): they are banned from generation and masked in scoring."""

@@ -166,6 +166,41 @@ class Qwen2VL(Family):
             second_per_grid_ts=torch.as_tensor(seconds, dtype=torch.float32) if seconds is not None else None,
         )
 
+    def encode_many(self, processor: Any, texts: Sequence[str], images: Sequence[Sequence[Any]],
+                    videos: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
+        """The prompts without a video in one processor call (whose fixed cost, about 1 ms on CPU, dominates a
+        small prompt's encoding), split back per prompt; a prompt with a video alone, as :meth:`encode`."""
+        out: list[dict[str, Any]] = [{} for _ in texts]
+        plain = [i for i, v in enumerate(videos) if not v]
+        for i in set(range(len(texts))) - set(plain):
+            out[i] = self.encode(processor, texts[i], images[i], videos[i])
+        for i, fields in zip(plain, self._encode_image_prompts(processor, [texts[i] for i in plain],
+                                                                [images[i] for i in plain])):
+            out[i] = fields
+        return out
+
+    def _encode_image_prompts(self, processor: Any, texts: list[str], images: list[Sequence[Any]]
+                              ) -> list[dict[str, Any]]:
+        if not texts:
+            return []
+        flat = [image for row in images for image in row]
+        batch = processor(text=texts, images=flat or None, padding=True, return_tensors="pt",
+                          return_mm_token_type_ids=True)
+        grids = batch.get("image_grid_thw")
+        # Copies, not views: a view would carry (and pickle) the whole batch's storage with each prompt.
+        pixels = [p.clone() for p in batch["pixel_values"].split(grids.prod(-1).tolist())] if flat else []
+        encoded, first = [], 0
+        for row, row_images in enumerate(images):
+            real = batch["attention_mask"][row].bool()
+            last = first + len(row_images)
+            encoded.append(dict(
+                input_ids=batch["input_ids"][row][real], mm_token_type_ids=batch["mm_token_type_ids"][row][real],
+                pixel_values=torch.cat(pixels[first:last]) if row_images else None,
+                image_grid_thw=grids[first:last].clone() if row_images else None,
+                pixel_values_videos=None, video_grid_thw=None, second_per_grid_ts=None))
+            first = last
+        return encoded
+
     def video_kwargs(self) -> dict[str, Any]:
         """Extra processor arguments for pre-sampled frames: data prep budgeted their pixels already, so the
         processor's own per-frame cap stays off."""
