@@ -174,6 +174,9 @@ def hanging_rollout(on_call: int) -> type:
                 os.makedirs(os.path.dirname(self.marker), exist_ok=True)
                 with open(self.marker, "w") as f:
                     json.dump({"pid": os.getpid(), "at": time.time()}, f)
+                # The previous batch's result leaves this process after its call returned, from Ray's own threads:
+                # stopped at once, the process could hold it back, and the trainer would time out on that batch.
+                time.sleep(1.0)
                 os.kill(os.getpid(), signal.SIGSTOP)
             return super().generate(prompts, params)
 
