@@ -170,14 +170,11 @@ class Qwen2VL(Family):
                     videos: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
         """The prompts without a video in one processor call (whose fixed cost, about 1 ms on CPU, dominates a
         small prompt's encoding), split back per prompt; a prompt with a video alone, as :meth:`encode`."""
-        out: list[dict[str, Any]] = [{} for _ in texts]
         plain = [i for i, v in enumerate(videos) if not v]
-        for i in set(range(len(texts))) - set(plain):
-            out[i] = self.encode(processor, texts[i], images[i], videos[i])
-        for i, fields in zip(plain, self._encode_image_prompts(processor, [texts[i] for i in plain],
-                                                                [images[i] for i in plain])):
-            out[i] = fields
-        return out
+        together = dict(zip(plain, self._encode_image_prompts(processor, [texts[i] for i in plain],
+                                                               [images[i] for i in plain])))
+        return [together[i] if i in together else self.encode(processor, texts[i], images[i], videos[i])
+                for i in range(len(texts))]
 
     def _encode_image_prompts(self, processor: Any, texts: list[str], images: list[Sequence[Any]]
                               ) -> list[dict[str, Any]]:
