@@ -26,10 +26,10 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from mmrl.models.families import family_of
 from mmrl.models.media import PIXEL_KEYS
-from mmrl.models.packing import additive
 from mmrl.models.scoring import Scoring, score_tokens
 
 VALUE_HEAD_FILE = "value_head.safetensors"
+PLACEHOLDER_MASK = torch.ones((1, 1, 1, 1), dtype=torch.bool)
 
 
 def core_model(model: nn.Module) -> nn.Module:
@@ -93,19 +93,19 @@ class PolicyForward(nn.Module):
                       scored: torch.Tensor) -> torch.Tensor:
         """The final hidden states (N, H) that predict the N scored tokens, in row-major (B, R) order.
 
-        Unpacked (B, P+R) rows: the states at the last R+1 positions but the last. Packed (G, W) rows: the
-        states ``packed_gather`` points at.
+        Unpacked (B, P+R) rows: the states at the last R+1 positions but the last. The packed (1, N) sequence:
+        the states ``packed_gather`` points at.
         """
-        packed = "packed_gather" in inputs
-        rest = {k: v for k, v in text_inputs(inputs).items() if k not in ("packed_gather", "packed_mask")}
-        if packed:
-            mask = inputs["packed_mask"]
-            if self.core.config._attn_implementation == "eager":  # sdpa takes the bool mask; eager adds a bias
-                mask = additive(mask, self.core.get_input_embeddings().weight.dtype)
-            rest["attention_mask"] = mask
+        layout = inputs.get("packed_layout")
+        rest = {k: v for k, v in text_inputs(inputs).items() if k not in ("packed_gather", "packed_layout")}
+        if layout is not None:
+            # The layout is the attention's mask (mmrl.models.packed_attention); a 4-D placeholder stops
+            # transformers from building an (N, N) one.
+            rest |= {"packed_layout": layout, "attention_mask": PLACEHOLDER_MASK.to(inputs["input_ids"].device)}
         hidden = self.core(**rest, mm_encoder_outputs=media or None, use_cache=False).last_hidden_state
-        if packed:
-            return hidden.reshape(-1, hidden.shape[-1])[inputs["packed_gather"][scored]]
+        if layout is not None:
+            layout.check_used()
+            return hidden[0][inputs["packed_gather"][scored]]
         return hidden[:, -(scored.shape[1] + 1) : -1][scored]
 
 

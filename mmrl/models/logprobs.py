@@ -52,13 +52,13 @@ def response_logprobs(
     states alone, chunk_tokens at a time (0: automatic, :func:`mmrl.models.scoring.chunk_size`).
     Returns logp (B, R) and entropy (B, R) (None unless ``with_entropy``), float32, zero at holes and padding.
     Columns past the longest real response are not computed (padding is not compute).
-    share_prompt: when a prompt repeats (the n samples of a prompt) and packing costs fewer FLOPs, run its tokens
-    once: one packed sequence per distinct prompt (:mod:`mmrl.models.packing`). Gradients flow when called with grad enabled.
+    share_prompt: when a prompt repeats (the n samples of a prompt), run its tokens once: one flat packed
+    sequence of the distinct prompts and their responses (:mod:`mmrl.models.packing`). Gradients flow when called with grad enabled.
     """
     full_width = responses.shape[1]
     width = max(int(response_mask.sum(1).max()), 1) if len(responses) else full_width
     responses, response_mask = responses[:, :width], response_mask[:, :width]
-    if share_prompt and worth_packing(policy.core.config, prompts, response_mask):
+    if share_prompt and worth_packing(prompts):
         inputs = pack(policy.core, prompts, responses, response_mask, pad_token_id)
     else:
         inputs = collate(prompts, pad_token_id, responses, response_mask, share_media=True)

@@ -41,12 +41,9 @@ def sum_replicated_grads(params: Sequence[nn.Parameter], all_reduce: AllReduce) 
         if len(bucket) == 1 and bucket[0].is_contiguous():
             all_reduce(bucket[0])  # in place
             continue
-        flat = torch.cat([g.reshape(-1) for g in bucket])
-        all_reduce(flat)
-        offset = 0
-        for g in bucket:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
+        flat = all_reduce(torch.cat([g.reshape(-1) for g in bucket]))
+        torch._foreach_copy_(bucket, [part.view_as(g) for part, g in zip(flat.split([g.numel() for g in bucket]),
+                                                                          bucket)])
 
 
 def buckets(tensors: Sequence[torch.Tensor], max_bytes: int) -> list[list[torch.Tensor]]:
@@ -71,6 +68,24 @@ def sq_norm(tensor: torch.Tensor) -> torch.Tensor:
     return total
 
 
+def plain_sq_norm(grads: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The sum of squares of all ``grads`` (a float64 ()): each tensor's norm in one fused call per device and
+    dtype (torch's foreach kernels accumulate in float32 or wider), squared and summed in float64; a gradient of
+    more than NORM_CHUNK elements goes by :func:`sq_norm`."""
+    small = [g for g in grads if g.numel() <= NORM_CHUNK]
+    total = torch.zeros((), dtype=torch.float64, device=grads[0].device if grads else "cpu")
+    for g in grads:
+        if g.numel() > NORM_CHUNK:
+            total += sq_norm(g).to(total.device)
+    by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for g in small:
+        by_kind.setdefault((g.device, g.dtype), []).append(g)
+    for group in by_kind.values():
+        norms = torch.stack(torch._foreach_norm(group, 2)).double()
+        total += norms.pow(2).sum().to(total.device)
+    return total
+
+
 def _shard_sq_norm(grads: Sequence[DTensor]) -> torch.Tensor:
     """Sum of squares of the full gradients behind DTensor ``grads`` (all on one mesh and placement)."""
     local = torch.stack([sq_norm(g.to_local()) for g in grads]).sum()
@@ -88,9 +103,7 @@ def clip_grad_norm(params: Sequence[nn.Parameter], max_norm: float) -> float:
     """
     plain = [p.grad for p in params if p.grad is not None and not isinstance(p.grad, DTensor)]
     sharded = [p.grad for p in params if isinstance(p.grad, DTensor)]
-    total = torch.zeros((), dtype=torch.float64)
-    for g in plain:
-        total += sq_norm(g).cpu()
+    total = plain_sq_norm(plain).cpu()
     # Grouped in parameter order, which every rank shares, so the collectives line up.
     groups: dict[tuple, list[DTensor]] = {}
     for g in sharded:
@@ -102,8 +115,7 @@ def clip_grad_norm(params: Sequence[nn.Parameter], max_norm: float) -> float:
     if max_norm > 0 and norm > max_norm:
         scale = max_norm / (norm + 1e-6)
         with torch.no_grad():
-            for g in plain:
-                g.mul_(scale)
+            torch._foreach_mul_(plain, scale)
             for g in sharded:
                 g.to_local().mul_(scale)
     return norm

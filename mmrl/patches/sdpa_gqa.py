@@ -10,6 +10,11 @@ SDPA with ``enable_gqa`` took 1.0 ms where repeat + SDPA took 3.4 ms at 512 rows
 What: :func:`apply` wraps ``transformers.integrations.sdpa_attention.use_gqa_in_sdpa`` so that it also says yes for
 keys on the CPU (whose SDPA supports it with a mask); elsewhere the original decides. Equal to the repeated heads'
 attention, forward and backward (tests/unit/test_sdpa_gqa.py).
+
+One query token (a decode step) goes further: the query heads that share a key head are folded into the query
+length, (B, h, 1, d) -> (B, kv, h / kv, d), and attend without any GQA path: the same pairs, and on CPU 0.93 ms
+where enable_gqa took 1.26 ms (512 rows x 60 keys, 4 query heads on 2 key heads). :func:`apply` registers
+:func:`sdpa_attention` as transformers' ``sdpa`` attention function for that.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 ORIGINAL: dict[str, Any] = {}
 
@@ -28,10 +34,28 @@ def use_gqa_in_sdpa(attention_mask: torch.Tensor | None, key: torch.Tensor, valu
     return ORIGINAL["use_gqa_in_sdpa"](attention_mask, key, value)
 
 
-def apply() -> None:
-    """Install :func:`use_gqa_in_sdpa` (idempotent)."""
-    from transformers.integrations import sdpa_attention
+def sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention; one query token with grouped heads on the CPU folds each group into the query
+    length. query (B, h, 1, d), key and value (B, kv, L, d), attention_mask None or (B, 1, 1, L) -> (B, 1, h, d)."""
+    batch, heads, length, dim = query.shape
+    groups = heads // key.shape[1]
+    mask_per_row = attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[1:3] == (1, 1))
+    if length != 1 or groups == 1 or query.device.type != "cpu" or not mask_per_row or args or kwargs.get("dropout"):
+        return ORIGINAL["sdpa_attention_forward"](module, query, key, value, attention_mask, *args, **kwargs)
+    folded = query.reshape(batch, key.shape[1], groups, dim)
+    out = F.scaled_dot_product_attention(folded, key, value, attn_mask=attention_mask, scale=kwargs.get("scaling"))
+    return out.reshape(batch, 1, heads, dim), None
 
-    if sdpa_attention.use_gqa_in_sdpa is not use_gqa_in_sdpa:
-        ORIGINAL["use_gqa_in_sdpa"] = sdpa_attention.use_gqa_in_sdpa
-        sdpa_attention.use_gqa_in_sdpa = use_gqa_in_sdpa
+
+def apply() -> None:
+    """Install :func:`use_gqa_in_sdpa` and :func:`sdpa_attention` (idempotent)."""
+    from transformers.integrations import sdpa_attention as module
+    from transformers.modeling_utils import AttentionInterface
+
+    if module.use_gqa_in_sdpa is not use_gqa_in_sdpa:
+        ORIGINAL["use_gqa_in_sdpa"] = module.use_gqa_in_sdpa
+        module.use_gqa_in_sdpa = use_gqa_in_sdpa
+    if "sdpa_attention_forward" not in ORIGINAL:
+        ORIGINAL["sdpa_attention_forward"] = module.sdpa_attention_forward
+        AttentionInterface.register("sdpa", sdpa_attention)

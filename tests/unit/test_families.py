@@ -120,17 +120,16 @@ def test_rollout_and_training_see_the_same_ids_positions_and_log_probs(loaded):
     trained = family.positions(core, train_batch)
     packed = pack(core, rows, out.responses, mask, tok.pad_token_id)
     packed_pos = packed["position_ids"] if family.position_axes > 1 else packed["position_ids"][None]
+    layout = packed["packed_layout"]
     width = prefill.shape[-1]
     for row, prompt in enumerate(rows):
         real = int(mask[row].sum())
         sampled = torch.cat([prefill[:, row, width - len(prompt):],
                              prefill[:, row].amax(-1, keepdim=True) + 1 + torch.arange(real)], dim=1)
         assert torch.equal(trained[:, row, width - len(prompt): width + real], sampled)
-        group, slot = divmod(row, 2)
-        start = packed["input_ids"].shape[1] - len(prompt) - 2 * out.responses.shape[1]
-        first = start + len(prompt) + slot * out.responses.shape[1]
-        assert torch.equal(torch.cat([packed_pos[:, group, start: start + len(prompt)],
-                                      packed_pos[:, group, first: first + real]], dim=1), sampled)
+        flat = torch.cat([layout.prompt_index[layout.response_group[row], : len(prompt)],
+                          layout.response_index[row, :real]])
+        assert torch.equal(packed_pos[:, 0, flat], sampled)
     expected = reference_logprobs(model, processor, prompt_specs(family.takes_video), prompts, out.responses, mask)
     torch.testing.assert_close(out.log_probs * mask, expected * mask, atol=1e-4, rtol=0)
     for share in (False, True):

@@ -115,7 +115,8 @@ def test_the_bound_is_meaningful_the_plain_log_softmax_exceeds_it(policy):
 
 def test_the_gradient_sum_and_clip_hold_no_copy_of_the_gradients():
     """sum_replicated_grads and clip_grad_norm on a 128 MiB gradient and small ones: each gradient is summed (two
-    ranks holding the same gradient: twice it), the norm is the float64 norm and the clip scales by max / norm,
+    ranks holding the same gradient: twice it), the norm is the float64 norm (to 1e-6: the small gradients' norms are
+    float32's) and the clip scales by max / norm,
     and the peak rises by less than 0.15 GiB (a flat copy of the gradients and float64 squares of the large one
     would be 0.6 GiB)."""
     from mmrl.parallel.grads import clip_grad_norm, sum_replicated_grads
@@ -133,7 +134,7 @@ def test_the_gradient_sum_and_clip_hold_no_copy_of_the_gradients():
 
     results = []
     growth = window_gib(lambda: results.append(sum_and_clip()))
-    assert results[0] == pytest.approx(norm, rel=1e-12)
+    assert results[0] == pytest.approx(norm, rel=1e-6)
     for p, expected in zip(params, summed):
         torch.testing.assert_close(p.grad, expected * (1.0 / (norm + 1e-6)), rtol=1e-6, atol=0)
     assert growth < 0.15, f"+{growth:.3f} GiB"

@@ -1,5 +1,7 @@
-"""Prompt sharing (mmrl.models.packing): one packed row per distinct prompt gives the plain forward's log-probs,
-entropies and gradients, on mixed media, unequal prompt and response lengths, and prompts seen once."""
+"""Prompt sharing (mmrl.models.packing): one flat packed sequence of the distinct prompts and their responses gives
+the plain forward's log-probs, entropies and gradients, on mixed media, unequal prompt and response lengths, and
+prompts seen once; its attention (mmrl.models.packed_attention) equals dense attention under the mask drawn by
+hand."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from mmrl.models.encoding import encode_prompt
 from mmrl.models.forward import PolicyForward
 from mmrl.models.loading import load_model, load_processor
 from mmrl.models.logprobs import response_logprobs
-from mmrl.models.packing import Groups, attention_mask, pack, worth_packing
-from mmrl.perf.text import text_costs
+from mmrl.models.packed_attention import PackedLayout, packed_attention
+from mmrl.models.packing import Groups, pack, worth_packing
 from mmrl.schema import Video
 
 COLOURS = [(200, 30, 30), (30, 30, 200), (30, 200, 30), (200, 200, 30)]
@@ -73,7 +75,7 @@ def test_packed_forward_equals_the_plain_forward(model_and_processor, prompts, o
     responses, mask = random_responses(processor, len(rows), 6, seed=1)
     mask[2] = 0  # an empty response (a filler row's) packs to nothing
     responses[2] = processor.tokenizer.pad_token_id
-    assert worth_packing(model.config, rows, mask)  # the shared forward below packs
+    assert worth_packing(rows)  # the shared forward below packs
     plain = logprobs_and_grads(model, rows, responses, mask, processor, share=False)
     packed = logprobs_and_grads(model, rows, responses, mask, processor, share=True)
     torch.testing.assert_close(packed[0], plain[0], atol=1e-5, rtol=1e-5)
@@ -85,44 +87,93 @@ def test_packed_forward_equals_the_plain_forward(model_and_processor, prompts, o
 
 
 def test_pack_runs_each_prompt_once_and_gathers_the_right_states(model_and_processor, prompts):
-    """Three samples of one prompt and one of another: two packed rows; the prompt's tokens appear once, each
-    response only over its own extent; the state predicting token 0 is the prompt's last, token j > 0 the
-    response's token j - 1."""
+    """Three samples of one prompt and one of another: one flat sequence without padding; each prompt's tokens
+    appear once, each response only over its own extent; the state predicting token 0 is the prompt's last,
+    token j > 0 the response's token j - 1."""
     model, processor = model_and_processor
     one, two, _, _ = prompts
     rows = [one, two, one, one]
     responses, mask = random_responses(processor, 4, 3, seed=2)
-    mask = (torch.arange(3)[None] < torch.tensor([3, 2, 1, 2])[:, None]).float()  # each response its own extent
+    extents = [3, 2, 1, 2]
+    mask = (torch.arange(3)[None] < torch.tensor(extents)[:, None]).float()  # each response its own extent
     responses = responses.masked_fill(mask == 0, processor.tokenizer.pad_token_id)
     packed = pack(model.model, rows, responses, mask, processor.tokenizer.pad_token_id)
-    assert packed["input_ids"].shape == (2, max(len(one) + 3 + 1 + 2, len(two) + 2))
+    assert packed["input_ids"].shape == (1, len(one) + len(two) + sum(extents))
     assert packed["pixel_values"].shape[0] == one.pixel_values.shape[0] + two.pixel_values.shape[0]
-    width = packed["input_ids"].shape[1]
-    flat = packed["input_ids"].reshape(-1)
+    flat, layout = packed["input_ids"][0], packed["packed_layout"]
+    assert torch.equal(flat[: len(one)], one.input_ids) and torch.equal(layout.prompt_index[0, : len(one)],
+                                                                      torch.arange(len(one)))
     for row in range(4):
         gather = packed["packed_gather"][row]
-        extent = int(mask[row].sum())
+        group = 0 if rows[row] is one else 1
+        assert layout.response_group[row] == group
+        assert gather[0] == layout.prompt_index[group, len(rows[row]) - 1]
         assert flat[gather[0]] == rows[row].input_ids[-1]
-        assert torch.equal(flat[gather[1:extent]], responses[row, : extent - 1])
-        assert gather[0] // width == (0 if rows[row] is one else 1)
+        assert torch.equal(flat[gather[1 : extents[row]]], responses[row, : extents[row] - 1])
+        assert torch.equal(flat[layout.response_index[row, : extents[row]]], responses[row, : extents[row]])
+    # Every flat token comes back from its own gathered row: prompts' (G, P) rows first, then responses' (B, R).
+    rows = torch.full((layout.prompt_index.numel() + layout.response_index.numel(),), -1)
+    rows[: layout.prompt_index.numel()][layout.prompt_keys.reshape(-1)] = layout.prompt_index[layout.prompt_keys]
+    real = torch.arange(3)[None] < torch.tensor(extents)[:, None]
+    rows[layout.prompt_index.numel():][real.reshape(-1)] = layout.response_index[real]
+    assert torch.equal(rows[layout.source], torch.arange(len(flat)))
     # Response positions continue from the prompt's largest position, as in the unpacked row.
-    last = int(packed["position_ids"][:, 0].reshape(3, -1)[:, : width].max())
-    assert last >= len(one) - 1
+    positions = packed["position_ids"].reshape(-1, len(flat))
+    start = int(layout.response_index[0, 0])
+    assert torch.equal(positions[:, start], positions[:, : len(one)].amax(1) + 1)
 
 
-def test_attention_mask_by_hand():
-    """segments: pad, prompt x2, response 1 x2 (second one padding), response 2 x1."""
-    segment = torch.tensor([[-1, 0, 0, 1, 1, 2]])
-    valid = torch.tensor([[False, True, True, True, False, True]])
-    expected = torch.tensor([
-        [1, 0, 0, 0, 0, 0],  # padding sees itself only
-        [0, 1, 0, 0, 0, 0],
-        [0, 1, 1, 0, 0, 0],
-        [0, 1, 1, 1, 0, 0],  # response 1 sees the prompt and itself
-        [0, 1, 1, 1, 1, 0],  # its padding sees itself and what it would have seen
-        [0, 1, 1, 0, 0, 1],  # response 2 never sees response 1
-    ], dtype=torch.bool)
-    assert torch.equal(attention_mask(segment, valid)[0, 0], expected)
+def test_layout_masks_by_hand():
+    """Prompts of 2 and 1 tokens; responses: prompt 0's of extent 2 with a hole at 1, prompt 1's of 1, prompt 0's
+    of 2. Flat: p0 p0 r0 r0 r2 r2 p1 r1."""
+    layout = PackedLayout(
+        prompt_index=torch.tensor([[0, 1], [6, 0]]), prompt_keys=torch.tensor([[True, True], [True, False]]),
+        response_index=torch.tensor([[2, 3], [7, 0], [4, 5]]),
+        response_keys=torch.tensor([[True, False], [True, False], [True, True]]),
+        response_group=torch.tensor([0, 1, 0]), source=torch.tensor([0, 1, 4, 5, 8, 9, 2, 6]))
+    prompts, responses = layout.masks()
+    assert torch.equal(prompts[:, 0].int(), torch.tensor([[[1, 0], [1, 1]], [[1, 0], [1, 1]]]))  # a pad query sees itself
+    assert torch.equal(responses[:, 0].int(), torch.tensor([
+        [[1, 1, 1, 0], [1, 1, 1, 1]],  # the hole is no key, but sees itself
+        [[1, 0, 1, 0], [1, 0, 1, 1]],  # prompt 1 has one token (its pad is no key)
+        [[1, 1, 1, 0], [1, 1, 1, 1]],
+    ]))
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4])
+def test_packed_attention_equals_dense_attention_under_the_hand_mask(kv_heads):
+    """Random queries, keys and values over the flat sequence of test_layout_masks_by_hand: every real token's
+    output and the gradients equal softmax attention over an (N, N) mask written from the segments."""
+    layout = PackedLayout(
+        prompt_index=torch.tensor([[0, 1], [6, 0]]), prompt_keys=torch.tensor([[True, True], [True, False]]),
+        response_index=torch.tensor([[2, 3], [7, 0], [4, 5]]),
+        response_keys=torch.tensor([[True, False], [True, False], [True, True]]),
+        response_group=torch.tensor([0, 1, 0]), source=torch.tensor([0, 1, 4, 5, 8, 9, 2, 6]))
+    segment = ["p0", "p0", "r0", "r0", "r2", "r2", "p1", "r1"]
+    is_key = [True, True, True, False, True, True, True, True]  # token 3 is the hole
+    prompt_of = {"r0": "p0", "r2": "p0", "r1": "p1"}
+    allowed = torch.zeros(8, 8, dtype=torch.bool)
+    for q in range(8):
+        for k in range(8):
+            same = segment[k] == segment[q] and k <= q
+            context = segment[k] == prompt_of.get(segment[q])
+            allowed[q, k] = k == q or (is_key[k] and (same or context))
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 8, 5, generator=gen, requires_grad=True)
+    k = torch.randn(1, kv_heads, 8, 5, generator=gen, requires_grad=True)
+    v = torch.randn(1, kv_heads, 8, 5, generator=gen, requires_grad=True)
+    out = packed_attention(torch.nn.Module(), q, k, v, layout, scaling=0.3)  # (1, N, h, d)
+    repeat = 4 // kv_heads
+    scores = (q[0] @ k[0].repeat_interleave(repeat, 0).transpose(1, 2)) * 0.3
+    probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+    expected = (probs @ v[0].repeat_interleave(repeat, 0)).transpose(0, 1)[None]
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    weights = torch.randn(out.shape, generator=gen)
+    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    expected_grads = torch.autograd.grad((expected * weights).sum(), (q, k, v))
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    assert layout.calls == 1
 
 
 def test_groups_keep_first_appearance_order():
@@ -134,25 +185,10 @@ def test_groups_keep_first_appearance_order():
     assert groups.sizes() == [3, 2, 1]
 
 
-def test_packing_is_chosen_by_its_cost(model_and_processor, prompts):
-    """Eight short responses to one image prompt pack (its tokens run once); eight long ones of unequal length do
-    not (one row of 8 long responses costs more attention than 8 rows); a batch without a repeated prompt never
-    packs. The choice is checked against the two layouts costed by hand."""
-    model, _ = model_and_processor
+def test_packing_is_chosen_when_a_prompt_repeats(prompts):
+    """A repeated prompt packs, long unequal responses too (the flat layout never costs more than rows); a batch
+    without a repeated prompt runs plain."""
     one = prompts[0]
-    costs = text_costs(model.config)
-    dense, pair = costs.dense, costs.pair
-
-    def by_hand(extents):
-        packed_row = len(one) + sum(extents)
-        plain_row = len(one) + max(extents)
-        return packed_row * dense + packed_row**2 * pair < 8 * (plain_row * dense + plain_row**2 * pair)
-
-    for extents in ([2, 3, 1, 4, 2, 2, 3, 1], [400, 120, 900, 60, 300, 1000, 200, 500]):
-        width = max(extents)
-        mask = (torch.arange(width)[None] < torch.tensor(extents)[:, None]).float()
-        assert worth_packing(model.config, [one] * 8, mask) == by_hand(extents)
-    assert worth_packing(model.config, [one] * 8, (torch.arange(4)[None] < torch.tensor([2] * 8)[:, None]).float())
-    assert not worth_packing(model.config, [one] * 8, (torch.arange(1000)[None] < torch.tensor(
-        [400, 120, 900, 60, 300, 1000, 200, 500])[:, None]).float())
-    assert not worth_packing(model.config, list(prompts), torch.ones(4, 2))
+    assert worth_packing([one] * 8)
+    assert worth_packing([one, prompts[1], one])
+    assert not worth_packing(list(prompts))

@@ -14,7 +14,7 @@ from PIL import Image
 from torch.profiler import ProfilerActivity, profile
 
 from mmrl.models.encoding import collate, encode_prompt
-from mmrl.models.forward import PolicyForward, core_model
+from mmrl.models.forward import PLACEHOLDER_MASK, PolicyForward, core_model
 from mmrl.models.loading import load_model, load_processor
 from mmrl.models.logprobs import response_logprobs
 from mmrl.models.packing import pack
@@ -175,9 +175,8 @@ def old_logprobs(model, prompts, responses, extent, policy, pad, share):
     float32 log-softmax at temperature 0.8 with the banned ids at -inf, gather, entropy; 0 off the policy's tokens."""
     if share:
         inputs = pack(core_model(model), prompts, responses, extent, pad)
-        gather, mask = inputs.pop("packed_gather"), inputs.pop("packed_mask")
-        logits = model(**inputs, attention_mask=mask, use_cache=False).logits
-        logits = logits.reshape(-1, logits.shape[-1])[gather]
+        gather = inputs.pop("packed_gather")
+        logits = model(**inputs, attention_mask=PLACEHOLDER_MASK, use_cache=False).logits[0][gather]
     else:
         logits = model(**collate(prompts, pad, responses, extent), use_cache=False).logits[:, -(R + 1) : -1]
     scaled = logits.float().index_fill(-1, torch.tensor(BANNED), float("-inf")) / 0.8

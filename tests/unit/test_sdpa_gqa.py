@@ -44,3 +44,20 @@ def test_other_devices_keep_transformers_rule():
     k = torch.empty(1, 2, 3, 8, device="meta")
     assert not sdpa_attention.use_gqa_in_sdpa(torch.ones(1, 1, 1, 3, dtype=torch.bool, device="meta"), k, k)
     assert sdpa_attention.use_gqa_in_sdpa(None, k, k)
+
+
+def test_one_query_token_folds_its_head_groups_into_the_query_length():
+    """A decode step (one query token, 4 query heads on 2 key heads, a per-row mask) equals the repeated heads'
+    attention, and is what transformers' registered ``sdpa`` function runs."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    sdpa_gqa.apply()
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa_gqa.sdpa_attention
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 4, 1, 8), torch.randn(3, 2, 7, 8), torch.randn(3, 2, 7, 8)
+    mask = torch.rand(3, 1, 1, 7) > 0.3
+    mask[..., -1] = True
+    out, _ = sdpa_gqa.sdpa_attention(Module(), q, k, v, mask, scaling=0.5)
+    scores = (q @ repeated(k, 2).transpose(-1, -2) * 0.5).masked_fill(~mask, float("-inf"))
+    reference = (scores.softmax(-1) @ repeated(v, 2)).transpose(1, 2)
+    torch.testing.assert_close(out, reference, rtol=0, atol=1e-6)
