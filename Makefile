@@ -5,6 +5,7 @@
 #   make test            unit + integration tests
 #   make bench           step time, memory and bytes per worker layout; hf vs vllm rollout throughput
 #   make bench-learning  the learning runs (minutes each) that make test leaves out
+#   make bench-scaling   step time against P, n and T, mmrl vs TRL
 #   make bench-scale     peak worker memory and step time at real shapes (V = 151,936), mmrl vs TRL
 #   make bench-long-tail sync vs async vs async with in-flight weight updates on long-tail response lengths
 #   make rl CONFIG=configs/grpo_image.yaml ARGS="rollout.n=8 actor.lr=1e-4"
@@ -38,10 +39,10 @@ STAMP := $(VENV)/.mmrl-installed
 STAGE := $(PY) -m pipelines
 BENCH := $(PY) -m benchmarks
 
-.PHONY: install model data sft rm rl eval demo results canary docs sweep bench bench-peer bench-scale bench-long-tail bench-learning test-extra gpu-check test test-unit test-integration ui clean help
+.PHONY: install model data sft rm rl eval demo results canary docs sweep bench bench-peer bench-scaling bench-scale bench-long-tail bench-learning test-extra gpu-check test test-unit test-integration ui clean help
 
 help:
-	@sed -n '1,10p' Makefile
+	@sed -n '1,11p' Makefile
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -106,6 +107,12 @@ bench: bench-peer
 bench-peer: $(STAMP)
 	$(PY) -c "import trl" 2>/dev/null || $(INSTALL) -c constraints.txt $(TRL_SPEC)
 	$(BENCH).peer --config configs/demo.yaml $(if $(SIZES),--sizes "$(SIZES)",) $(if $(SIDES),--sides "$(SIDES)",) $(ARGS)
+
+# Step time against P, n and T (a small grid around 16x8x16), mmrl and TRL, one run per size (about 10 min on 2
+# cores); stores results/bench/scaling.json and renders its table and docs/img/bench_scaling.png.
+bench-scaling: $(STAMP)
+	$(PY) -c "import trl" 2>/dev/null || $(INSTALL) -c constraints.txt $(TRL_SPEC)
+	$(BENCH).scaling --config configs/demo.yaml $(ARGS)
 
 # Sync, async and async with in-flight weight updates (rollout.partial) on GRPO work whose response lengths vary
 # many-fold within a step: samples/s, the trainer's and the rollout pool's idle time, token staleness, the lengths

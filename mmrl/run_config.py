@@ -51,7 +51,7 @@ def run_dict(cfg: Config) -> dict[str, Any]:
     policy loss and of its algorithm's extra losses; of ``algorithm``, only its algorithm's own; without a user's
     file (``data.jsonl``), none of the converter's :data:`CONVERTER_KEYS`; without traces (0), no
     ``tracking.trace_episodes``; without in-flight updates, no ``rollout.partial*``; without profiles, no
-    ``trainer.profile_steps``. Two runs read the same keys
+    ``trainer.profile_steps``; with fused kernels (the default), no ``model.compile``. Two runs read the same keys
     with the same values when their dicts are equal, whatever losses and algorithms the tables hold."""
     tree = to_dict(cfg)
     if not cfg.data.jsonl:
@@ -66,6 +66,8 @@ def run_dict(cfg: Config) -> dict[str, Any]:
         del tree["tracking"]["trace_episodes"]
     if not cfg.trainer.profile_steps:  # no profiles: the run as it was before the key existed
         del tree["trainer"]["profile_steps"]
+    if cfg.model.compile:  # the same math as eager (to float rounding): the run as it was before the key existed
+        del tree["model"]["compile"]
     if not cfg.rollout.partial:  # whole batches on one version: the run as it was before in-flight updates
         for key in ("partial", "partial_poll_tokens"):
             del tree["rollout"][key]

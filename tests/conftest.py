@@ -96,6 +96,7 @@ def tiny_config(tiny_model_dir: Path, tiny_data_dir: Path, empty_mlflow_db: Path
             "rollout.n=4",
             "rollout.max_new_tokens=6",
             "actor.num_mini_batches=2",
+            "model.compile=false",  # eager: the suite would compile in each worker process; tests/unit/test_fused.py checks it
             "resources.reuse_workers=true",  # the suite's ~50 runs start their ranks in warm processes
             # Logging the policy as an MLflow model and sampling system metrics cost each run time; the test of
             # the MLflow run turns them on (tests/integration/test_rl_pipeline.py).

@@ -17,6 +17,9 @@ class ModelConfig:
     """Parameter dtype for training and rollout."""
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     """Attention kernel passed to transformers."""
+    compile: bool = True
+    """Run each block's RMSNorms and SiLU gate as torch.compile kernels (mmrl/models/fused.py): about a tenth off
+    an update's time on the bench model (docs/performance.md). Off, or where compilation fails: eager."""
     family: Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "smolvlm"] = "qwen2_5_vl"
     """The model family ``make model`` builds a tiny model of (mmrl/models/families/). Every other stage reads a
     checkpoint's family from its config.json (``model_type``), never from here."""

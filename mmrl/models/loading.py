@@ -9,6 +9,7 @@ import torch
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
 from mmrl.models.families import Family, family_of, family_of_processor
+from mmrl.models.fused import fuse
 from mmrl.patches import sdpa_gqa
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -29,16 +30,21 @@ def checkpoint_family(path: str | Path) -> Family:
     return family_of(AutoConfig.from_pretrained(check_checkpoint(path)))
 
 
-def load_model(path: str | Path, dtype: str = "float32", attn: str = "sdpa", device: torch.device | str = "cpu") -> Any:
-    """A Hugging Face VLM from a local folder, with its family's patches installed (:meth:`Family.prepare`) and
-    grouped-query attention without copies on CPU (:mod:`mmrl.patches.sdpa_gqa`)."""
+def load_model(path: str | Path, dtype: str = "float32", attn: str = "sdpa", device: torch.device | str = "cpu",
+               compiled: bool = False) -> Any:
+    """A Hugging Face VLM from a local folder, with its family's patches installed (:meth:`Family.prepare`),
+    grouped-query attention without copies on CPU (:mod:`mmrl.patches.sdpa_gqa`) and, with ``compiled``
+    (``model.compile``), its element-wise parts fused (:mod:`mmrl.models.fused`)."""
     folder = check_checkpoint(path)
     config = AutoConfig.from_pretrained(folder)
     family_of(config).prepare()
     sdpa_gqa.apply()
     model = AutoModelForImageTextToText.from_pretrained(folder, config=config, dtype=DTYPES[dtype],
                                                         attn_implementation=attn)
-    return model.to(device)
+    model = model.to(device)
+    if compiled:
+        fuse(model)
+    return model
 
 
 def load_processor(path: str | Path) -> Any:

@@ -83,7 +83,8 @@ class HFRolloutEngine:
         """Share ``policy`` when given, else load ``checkpoint`` (see :func:`mmrl.rollout.build_rollout_engine`);
         a copy it loads comes out of ``memory_bytes`` (measured before it was loaded)."""
         owns = policy is None
-        model = load_model(checkpoint, cfg.model.dtype, cfg.model.attn_implementation, device) if owns else policy
+        model = load_model(checkpoint, cfg.model.dtype, cfg.model.attn_implementation, device,
+                           cfg.model.compile) if owns else policy
         if memory_bytes is not None and owns:
             memory_bytes -= parameter_bytes(model)
         rollout = cfg.rollout

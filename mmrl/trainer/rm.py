@@ -59,7 +59,8 @@ class RMTrainer:
         self.processor = load_processor(cfg.rm.init)
         self.tokenizer = self.processor.tokenizer
         torch.manual_seed(cfg.seed)
-        self.model = load_model(cfg.rm.init, cfg.model.dtype, cfg.model.attn_implementation, self.device)
+        self.model = load_model(cfg.rm.init, cfg.model.dtype, cfg.model.attn_implementation, self.device,
+                           cfg.model.compile)
         self.layout = build_model(cfg, "rm_trainee", cfg.rm.init, device=self.device, distributed=False,
                                   model=self.model)
         self.root = self.layout.root  # ValueModel sharing self.model's backbone

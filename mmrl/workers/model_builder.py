@@ -78,7 +78,8 @@ def build_model(
     spec = ROLES[role]
     section = _section(cfg, spec.section)
     if model is None:
-        model = load_model(checkpoint, cfg.model.dtype, cfg.model.attn_implementation, device)
+        model = load_model(checkpoint, cfg.model.dtype, cfg.model.attn_implementation, device,
+                           cfg.model.compile)
     if spec.lora:
         assert isinstance(section, ActorConfig) and section.lora.rank, f"the {role} role needs actor.lora.rank > 0"
         apply_lora(model, section.lora, cfg.seed)
