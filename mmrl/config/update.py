@@ -107,10 +107,10 @@ class ActorConfig(UpdateConfig):
     kl_loss_coef: float = num(0.001, ge=0)
     kl_estimator: Literal["k1", "k2", "k3", "low_var_kl", "abs"] = "k3"
     share_prompt: bool = True
-    """Score the samples of a prompt in one packed sequence that holds the prompt once (its media and its
-    tokens run once, not n times; :mod:`mmrl.models.packing`) when that costs fewer FLOPs than a row per sample
-    (long responses in one row cost more attention than they save). Needs sdpa or eager attention: with
-    flash_attention_2 every sample gets its own row."""
+    """Score the samples of a prompt in one flat packed sequence that holds the prompt once (its media and its
+    tokens run once, not n times) and each response without padding, its attention only over the pairs it
+    needs (:mod:`mmrl.models.packing`). Used with sdpa or eager attention: with flash_attention_2 every sample
+    gets its own row."""
     old_log_probs: Literal["auto", "recompute", "rollout"] = "auto"
     """Where the PPO ratio's old log-probs come from. recompute: a separate forward pass before the update;
     rollout: the engine's own (they match the trainer's within 1e-4 on the hf and vLLM engines); auto: with
