@@ -51,10 +51,10 @@ def step_seconds(record: dict[str, Any]) -> dict[tuple[int, ...], dict[str, floa
 def render(record: dict[str, Any]) -> str:
     """The docs' block: where it ran, the figure, and a row per size (step seconds, samples/s, the ratio)."""
     machine = record["machine"]
-    lines = [BLOCK.begin, "",
-             f"`{record['command']}`: a warm-up step and the median of {record['work']['steps']} measured steps per "
+    where = (f"`{record['command']}`: a warm-up step and the median of {record['work']['steps']} measured steps per "
              f"side and size, {record['work']['threads']} threads a side; commit `{commit_text(record)}`, "
-             f"{machine['cores']} cores ({machine['cpu']}), torch {machine['torch']}, {record['date']}.", "",
+             f"{machine['cores']} cores ({machine['cpu']}), torch {machine['torch']}, {record['date']}.")
+    lines = [BLOCK.begin, "", where, "",
              f"![GRPO step seconds against P, n and T, mmrl and TRL](img/{FIGURE.name})", "",
              "| P x n x T | TRL step s | mmrl step s | TRL samples/s | mmrl samples/s | mmrl / TRL |",
              "|---|---|---|---|---|---|"]
