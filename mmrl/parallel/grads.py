@@ -115,7 +115,8 @@ def clip_grad_norm(params: Sequence[nn.Parameter], max_norm: float) -> float:
     if max_norm > 0 and norm > max_norm:
         scale = max_norm / (norm + 1e-6)
         with torch.no_grad():
-            torch._foreach_mul_(plain, scale)
+            if plain:
+                torch._foreach_mul_(plain, scale)
             for g in sharded:
                 g.to_local().mul_(scale)
     return norm
