@@ -39,7 +39,7 @@ def test_there_is_one_config_per_algorithm():
 def test_each_algorithm_config_runs_end_to_end(path, tiny_config, tmp_path):
     owned = [key for key in ("algorithm.pf_ppo.filter_k=2", "algorithm.max_gen_rounds=8")
              if path.stem in key_owners()[key.split("=")[0]]]  # each algorithm is given only its own keys
-    cfg = load_config(path, [
+    cfg = load_config(path, ["model.compile=false", 
         f"model.path={tiny_config.model.path}", f"trainer.init={tiny_config.model.path}",
         f"data.dir={tiny_config.data.dir}", f"trainer.out_dir={tmp_path / 'rl'}",
         f"tracking.uri={tiny_config.tracking.uri}", f"tracking.artifact_dir={tiny_config.tracking.artifact_dir}",
@@ -72,7 +72,7 @@ def test_each_algorithm_config_runs_end_to_end(path, tiny_config, tmp_path):
 def test_dynamic_sampling_stops_with_a_clear_error_when_no_group_differs(tiny_config, tmp_path):
     """A reward that never differs within a group: DAPO generates max_gen_rounds rounds, then stops and says
     what to change (nothing is trained on zero-advantage groups)."""
-    cfg = load_config("configs/algos/dapo.yaml", [
+    cfg = load_config("configs/algos/dapo.yaml", ["model.compile=false", 
         f"model.path={tiny_config.model.path}", f"trainer.init={tiny_config.model.path}",
         f"data.dir={tiny_config.data.dir}", f"trainer.out_dir={tmp_path / 'rl'}",
         f"tracking.uri={tiny_config.tracking.uri}", f"tracking.artifact_dir={tiny_config.tracking.artifact_dir}",

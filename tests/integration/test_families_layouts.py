@@ -43,7 +43,7 @@ def pair():
 
 
 def configure(model_dir, vision: str = "replicate", llm: str = "replicate", checkpointing: bool = False):
-    cfg = load_config(None, [f"model.path={model_dir}", "rollout.n=1"])
+    cfg = load_config(None, ["model.compile=false", f"model.path={model_dir}", "rollout.n=1"])
     cfg.actor.vision = VisionPartConfig(strategy=vision, activation_checkpointing=checkpointing)
     cfg.actor.llm = PartConfig(strategy=llm, activation_checkpointing=checkpointing)
     cfg.actor.lr, cfg.actor.warmup_steps, cfg.actor.grad_clip = LR, 0, 1.0

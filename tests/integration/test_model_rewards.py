@@ -91,7 +91,7 @@ def test_make_rm_writes_synthetic_pairs_trains_and_saves_a_reward_model(make_rm,
     assert [m.step for m in client.get_metric_history(run.info.run_id, "rm/loss")] == [1, 2, 3]
     assert run.data.metrics["rm/val_pairwise_acc"] == result["val_pairwise_acc"]
 
-    cfg = load_config(None, [f"data.dir={tiny_data_dir}", f"reward.model.path={checkpoint}"])
+    cfg = load_config(None, ["model.compile=false", f"data.dir={tiny_data_dir}", f"reward.model.path={checkpoint}"])
     val = {str(r["id"]): r for r in load_rows(tiny_data_dir, "val")}
     held_out = [json.loads(line) for line in (out / "pairs_val.jsonl").read_text().splitlines()][:16]
     processor = load_processor(checkpoint)

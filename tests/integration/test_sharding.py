@@ -55,7 +55,7 @@ def configure(cfg, vision: str, llm: str, freeze: bool = False, checkpointing: b
 
 @pytest.fixture(scope="module")
 def base_cfg(tiny_model_dir, tiny_data_dir):
-    return load_config(None, [f"model.path={tiny_model_dir}", f"data.dir={tiny_data_dir}", "rollout.n=2"])
+    return load_config(None, ["model.compile=false", f"model.path={tiny_model_dir}", f"data.dir={tiny_data_dir}", "rollout.n=2"])
 
 
 @pytest.fixture(scope="module")

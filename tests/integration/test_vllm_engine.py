@@ -61,7 +61,7 @@ def engine_group(cfg, model_dir, engine: str, workers: int = 1, llm: str = "repl
 @pytest.fixture(scope="module")
 def vllm_group(vllm_model_dir, tiny_data_dir):
     """One vLLM worker for the module's tests; its shutdown ends its process and every child vLLM started."""
-    base = load_config(None, [f"data.dir={tiny_data_dir}", "rollout.n=4", "actor.num_mini_batches=2"])
+    base = load_config(None, ["model.compile=false", f"data.dir={tiny_data_dir}", "rollout.n=4", "actor.num_mini_batches=2"])
     cfg, group = engine_group(base, vllm_model_dir, "vllm")
     yield cfg, group
     pid = group.pid()[0]
@@ -261,7 +261,7 @@ def test_vllm_log_probs_match_the_trainer_for_every_family(family, tiny_data_dir
     spec = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128,
                            vision_hidden_size=32, vision_heads=2)
     model_dir = build_tiny_vlm(task_corpus(Config()), spec, tmp_path / family, family=family)
-    base = load_config(None, [f"data.dir={tiny_data_dir}"])
+    base = load_config(None, ["model.compile=false", f"data.dir={tiny_data_dir}"])
     cfg, group = engine_group(base, model_dir, "vllm")
     try:
         prompts = mixed_prompts(tiny_data_dir, with_video=family != "smolvlm")
