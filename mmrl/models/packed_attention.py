@@ -10,8 +10,8 @@ and its own response; one mask over the flat sequence (N x N) would compute ever
 - each response's queries (B, R) and its keys and values: its prompt's P then its own R, so (B, P + R);
 
 runs SDPA on each with a (rows, 1, queries, keys) bool mask, and puts each query's output back at its flat
-place. The pairs computed are G*P^2 + B*R*(P + R), not N^2 (64 prompts of 8 tokens with 8 responses of 32:
-0.69M, where the padded (group, width) rows took 4.5M).
+place. The pairs computed are G*P^2 + B*R*(P + R), not N^2 (the bench's 64 prompts of 32 tokens with 8 responses
+of up to 32 each: 1.1 M a layer, where one padded 264-token row per prompt took 4.5 M).
 
 The layout reaches the attention of every language-model layer as the ``packed_layout`` keyword of the model's
 forward (transformers passes a forward's extra keywords down to its attention function, also through activation
