@@ -51,9 +51,10 @@ class PackedLayout:
     response_group: torch.Tensor
     source: torch.Tensor
     calls: int = field(default=0, compare=False)
+    _gathered: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, compare=False, repr=False)
 
     def to(self, device: torch.device | str) -> PackedLayout:
-        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "calls"}
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name not in ("calls", "_gathered")}
         return PackedLayout(**moved)
 
     def masks(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,6 +67,13 @@ class PackedLayout:
         responses = _causal(width, self.source.device, self.response_keys)
         context = self.prompt_keys[self.response_group][:, None, :].expand(-1, width, -1)
         return prompts[:, None], torch.cat([context, responses], dim=2)[:, None]
+
+    def gathered(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`masks` and the responses' key indices (B, P + R), built once for every layer of a forward."""
+        if self._gathered is None:
+            keys = torch.cat([self.prompt_index[self.response_group], self.response_index], dim=1)
+            self._gathered = (*self.masks(), keys)
+        return self._gathered
 
     def check_used(self) -> None:
         if self.calls == 0:
@@ -94,8 +102,7 @@ def packed_attention(
     if query.shape[0] != 1:
         raise ValueError(f"a packed sequence is one flat row; got a batch of {query.shape[0]}")
     layout.calls += 1
-    prompt_mask, response_mask = layout.masks()
-    keys = torch.cat([layout.prompt_index[layout.response_group], layout.response_index], dim=1)
+    prompt_mask, response_mask, keys = layout.gathered()
     q, k, v = (_rows(t) for t in (query, key, value))
     prompts = _attend(q, k, v, layout.prompt_index, layout.prompt_index, prompt_mask, dropout, scaling)
     responses = _attend(q, k, v, layout.response_index, keys, response_mask, dropout, scaling)
