@@ -3,6 +3,7 @@ equals the repeated heads' attention forward and backward."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from transformers.integrations import sdpa_attention
@@ -46,18 +47,24 @@ def test_other_devices_keep_transformers_rule():
     assert sdpa_attention.use_gqa_in_sdpa(None, k, k)
 
 
-def test_one_query_token_folds_its_head_groups_into_the_query_length():
-    """A decode step (one query token, 4 query heads on 2 key heads, a per-row mask) equals the repeated heads'
-    attention, and is what transformers' registered ``sdpa`` function runs."""
+@pytest.mark.parametrize("kv_heads", [2, 4])
+@pytest.mark.parametrize("mask_kind", ["bool", "additive", "none"])
+def test_one_query_token_on_the_cpu_is_the_repeated_heads_softmax_attention(kv_heads, mask_kind):
+    """A decode step (one query token, 4 query heads on ``kv_heads`` key heads, a per-row mask) equals softmax
+    attention written out over the repeated heads, and is what transformers' registered ``sdpa`` function runs."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     sdpa_gqa.apply()
     assert ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa_gqa.sdpa_attention
     torch.manual_seed(0)
-    q, k, v = torch.randn(3, 4, 1, 8), torch.randn(3, 2, 7, 8), torch.randn(3, 2, 7, 8)
-    mask = torch.rand(3, 1, 1, 7) > 0.3
-    mask[..., -1] = True
+    q, k, v = torch.randn(3, 4, 1, 8), torch.randn(3, kv_heads, 7, 8), torch.randn(3, kv_heads, 7, 8)
+    keep = torch.rand(3, 1, 1, 7) > 0.3
+    keep[..., -1] = True
+    mask = {"bool": keep, "additive": torch.zeros(3, 1, 1, 7).masked_fill(~keep, -1e9), "none": None}[mask_kind]
     out, _ = sdpa_gqa.sdpa_attention(Module(), q, k, v, mask, scaling=0.5)
-    scores = (q @ repeated(k, 2).transpose(-1, -2) * 0.5).masked_fill(~mask, float("-inf"))
-    reference = (scores.softmax(-1) @ repeated(v, 2)).transpose(1, 2)
+    groups = 4 // kv_heads
+    scores = q @ repeated(k, groups).transpose(-1, -2) * 0.5
+    if mask is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    reference = (scores.softmax(-1) @ repeated(v, groups)).transpose(1, 2)
     torch.testing.assert_close(out, reference, rtol=0, atol=1e-6)
