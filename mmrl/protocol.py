@@ -40,6 +40,8 @@ KNOWN_KEYS: dict[str, str] = {
     "response_text": "object: decoded response",
     "prompt_tokens": "tensor (B,) int64: tokens of the sample's prompt (image tokens included)",
     "image_grids": "object: the prompt's image grids as the model saw them, a list of (t, h, w) per image",
+    "vision_grids": "object: the (t, h, w) grids of the prompt's images, then its videos: its vision tower's items",
+    "tool_grids": "object: an agent episode's tool turns' image grids, (t, h, w) each, in order",
     "weight_version": "tensor (B,) int64: the version of the policy weights that sampled the response (with "
                       "in-flight updates, its first token, the oldest)",
     "token_versions": "tensor (B, R) int64: with in-flight weight updates (rollout.partial), the version that "

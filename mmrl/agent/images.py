@@ -5,7 +5,7 @@
 - an animated image (GIF, APNG, multi-page TIFF; ``n_frames > 1``) gives its **first frame**, whichever frame the
   tool left it on, and reports the repair ``animated_image``;
 - an EXIF orientation is applied (``ImageOps.exif_transpose``): the model sees the picture the right way up;
-- the mode becomes RGB as the image shows (:func:`mmrl.models.image_modes.to_rgb`, as for a user's images):
+- the mode becomes RGB as the image shows (:func:`mmrl.image_modes.to_rgb`, as for a user's images):
   transparency over white, 16-bit grey scaled to 8 bits; PIL cannot convert ``La``, so such an image is a
   ``bad_image``.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 from PIL import Image, ImageOps
 
 from mmrl.agent.builtin import MAX_ASPECT, scaled
-from mmrl.models.image_modes import to_rgb
+from mmrl.image_modes import to_rgb
 
 
 def upright_rgb(image: Image.Image) -> tuple[Image.Image, tuple[str, ...]]:

@@ -29,7 +29,7 @@ from mmrl.agent.scripted import ScriptedTurns
 from mmrl.agent.stats import ToolStats
 from mmrl.agent.table import build_tool_table
 from mmrl.config import AgentConfig
-from mmrl.models.encoding import EncodedPrompt
+from mmrl.models.encoding import EncodedPrompt, media_grids
 from mmrl.protocol import Batch
 from mmrl.rollout.base import RolloutEngine, SamplingParams
 from mmrl.rollout.samples import encode_rows
@@ -112,7 +112,8 @@ class AgentRollout:
         The samples hold responses, response_mask, policy_mask (0 at the tool turns' tokens), each (B*n,
         ``max_tokens``),
         rollout_log_probs, weight_version, prompt_tokens, num_turns and num_tool_calls (B*n,), and as objects
-        response_text (the final answer), episode (:func:`episode_record`), image_grids (the prompt's). The
+        response_text (the final answer), episode (:func:`episode_record`), image_grids (the prompt's images'),
+        vision_grids (its images' and videos') and tool_grids (the tool turns' images', this episode's own). The
         driver's metrics come from these (:func:`agent_metrics`), over every rank's samples.
         """
         episodes, _ = self.loop.run(prompts, params)
@@ -152,7 +153,9 @@ class AgentRollout:
             tensors["token_versions"] = parts["token_versions"]
             tensors["weight_version"] = parts["token_versions"][:, 0].clone()
         objects = {"response_text": [e.final_text for e in episodes], "episode": [episode_record(e) for e in episodes],
-                   "image_grids": grids}
+                   "image_grids": grids, "vision_grids": [media_grids(e.prompt) for e in episodes],
+                   "tool_grids": [[g for t in e.turns if t.encoded is not None for g in media_grids(t.encoded)]
+                                  for e in episodes]}
         return Batch(tensors=tensors, objects=objects)
 
     def close(self) -> None:

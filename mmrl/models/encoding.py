@@ -42,7 +42,7 @@ from mmrl.models.prompt import EncodedPrompt
 from mmrl.schema import Video
 
 __all__ = ["MEDIA_FIELDS", "EncodedPrompt", "PromptParts", "collate", "encode_prompt", "encode_prompts", "frames_array",
-           "response_media_types", "to_chat_content", "video_metadata", "vision_token_ids"]
+           "media_grids", "response_media_types", "to_chat_content", "video_metadata", "vision_token_ids"]
 
 
 def encode_prompt(
@@ -140,6 +140,12 @@ def response_media_types(prompts: Sequence[EncodedPrompt], width: int) -> torch.
             known = prompt.response_mm_types[:width]
             types[row, : len(known)] = known
     return types
+
+
+def media_grids(prompt: EncodedPrompt) -> list[tuple[int, int, int]]:
+    """The (t, h, w) grids of the items a prompt's vision tower runs on: its images', then its videos'."""
+    return [(int(t), int(h), int(w)) for grids in (prompt.image_grid_thw, prompt.video_grid_thw)
+            if grids is not None for t, h, w in grids.tolist()]
 
 
 def media_pieces(prompt: EncodedPrompt) -> tuple[EncodedPrompt, ...]:

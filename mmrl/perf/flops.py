@@ -11,7 +11,8 @@ checked against a counted forward in ``tests/unit/test_flops.py``; the vision to
 
 The phases (:func:`phase_flops`):
 
-- ``gen/vision``: the vision tower on each distinct prompt's images (a tool's returned images are not counted);
+- ``gen/vision``: the vision tower on each distinct prompt's images and video frames, and on every agent
+  episode's tool-returned images (each its episode's own, so once per sample; every pass counts them the same way);
   ``gen/prefill``: each distinct prompt's tokens and its last position's logits, and an agent episode's later
   turns; ``gen/decode``: each sampled token the decode loop feeds back, with its logits.
 - ``old_log_prob``, ``ref``: one forward of each group's prompt and responses, logits at the response tokens.
@@ -28,20 +29,22 @@ from dataclasses import dataclass
 import torch
 
 from mmrl.perf.text import TextCosts, text_costs
-from mmrl.perf.vision import vision_flops
+from mmrl.perf.vision import Grid, vision_flops
 
 
 @dataclass(frozen=True)
 class GroupWork:
-    """One distinct prompt and its samples in a step: ``prompt`` tokens, its images' patch ``grids`` ((t, h, w)
-    each), and per sample its response's ``extent`` (the tokens the model attends to) and ``sampled`` tokens (the
-    policy's; an agent episode's tool tokens are in the extent only) and ``turns`` (policy turns)."""
+    """One distinct prompt and its samples in a step: ``prompt`` tokens, its images' and videos' patch ``grids``
+    ((t, h, w) each), and per sample its response's ``extent`` (the tokens the model attends to) and ``sampled``
+    tokens (the policy's; an agent episode's tool tokens are in the extent only), ``turns`` (policy turns) and
+    ``tool_grids`` (the grids of the images its tools returned; () when no sample has any)."""
 
     prompt: int
-    grids: tuple[tuple[int, int, int], ...]
+    grids: tuple[Grid, ...]
     extents: tuple[int, ...]
     sampled: tuple[int, ...]
     turns: tuple[int, ...]
+    tool_grids: tuple[tuple[Grid, ...], ...] = ()
 
     def pairs(self) -> float:
         """Causal (query, key) pairs of a forward over the prompt once and each response after it."""
@@ -53,21 +56,28 @@ class GroupWork:
 
 
 def groups_of(uids: Sequence[object], prompt_tokens: torch.Tensor, response_mask: torch.Tensor,
-              policy_mask: torch.Tensor, grids: Sequence[Sequence[tuple[int, int, int]]],
-              turns: torch.Tensor | None = None) -> list[GroupWork]:
+              policy_mask: torch.Tensor, grids: Sequence[Sequence[Grid]], turns: torch.Tensor | None = None,
+              tool_grids: Sequence[Sequence[Grid]] | None = None) -> list[GroupWork]:
     """A step's samples as :class:`GroupWork`, one per distinct ``uid`` in first-appearance order.
 
-    prompt_tokens: (B,); response_mask, policy_mask: (B, R); grids: per sample its prompt's image grids;
-    turns: (B,) policy turns per sample (None: one each).
+    prompt_tokens: (B,); response_mask, policy_mask: (B, R); grids: per sample its prompt's image and video
+    grids; turns: (B,) policy turns per sample (None: one each); tool_grids: per sample the grids of the images
+    its tools returned (None: no tools).
     """
     extents, sampled = response_mask.sum(-1).long().tolist(), policy_mask.sum(-1).long().tolist()
     turn_counts = [1] * len(uids) if turns is None else turns.long().tolist()
     rows: dict[object, list[int]] = {}
     for row, uid in enumerate(uids):
         rows.setdefault(uid, []).append(row)
+
+    def tools(r: list[int]) -> tuple[tuple[Grid, ...], ...]:
+        if tool_grids is None or not any(tool_grids[i] for i in r):
+            return ()
+        return tuple(tuple(tuple(g) for g in tool_grids[i]) for i in r)
+
     return [GroupWork(prompt=int(prompt_tokens[r[0]]), grids=tuple(tuple(g) for g in grids[r[0]]),
                       extents=tuple(extents[i] for i in r), sampled=tuple(sampled[i] for i in r),
-                      turns=tuple(turn_counts[i] for i in r)) for r in rows.values()]
+                      turns=tuple(turn_counts[i] for i in r), tool_grids=tools(r)) for r in rows.values()]
 
 
 def scoring_flops(costs: TextCosts, groups: Sequence[GroupWork], vision: Sequence[float]) -> float:
@@ -112,12 +122,19 @@ def generation_flops(costs: TextCosts, groups: Sequence[GroupWork], vision: Sequ
     return {"gen/vision": float(sum(vision)), "gen/prefill": prefill, "gen/decode": decode}
 
 
+def group_vision_flops(config: object, group: GroupWork) -> int:
+    """The vision tower's forward FLOPs for one group in one pass: its prompt's items once (the group's samples
+    share them), each sample's tool images once per sample."""
+    shared = vision_flops(config, group.grids) if group.grids else 0
+    return shared + sum(vision_flops(config, grids) for grids in group.tool_grids if grids)
+
+
 def phase_flops(config: object, groups: Sequence[GroupWork], *, epochs: int = 1, lora: bool = False,
                 vision_trains: bool = True) -> dict[str, float]:
     """FLOPs per phase of a step whose samples are ``groups``: ``gen/*`` (and ``gen``, their sum),
     ``old_log_prob`` and ``ref`` (one scoring forward each) and ``update_actor``."""
     costs = text_costs(config)
-    vision = [vision_flops(config, g.grids) if g.grids else 0 for g in groups]
+    vision = [group_vision_flops(config, g) for g in groups]
     gen = generation_flops(costs, groups, vision)
     score = scoring_flops(costs, groups, vision)
     return gen | {"gen": sum(gen.values()), "old_log_prob": score, "ref": score,

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from mmrl.models.encoding import EncodedPrompt, PromptParts, encode_prompts
+from mmrl.models.encoding import EncodedPrompt, PromptParts, encode_prompts, media_grids
 from mmrl.protocol import Batch
 from mmrl.rollout.base import RolloutEngine, SamplingParams
 from mmrl.schema import decode_image, decode_video
@@ -49,15 +49,18 @@ def sample_encoded(engine: RolloutEngine, prompts: Sequence[EncodedPrompt], para
     Returns responses (B*n, R), response_mask and policy_mask (B*n, R; equal: a single-turn response is the
     policy's own), rollout_log_probs (B*n, R), weight_version (B*n,) (``version``; with in-flight weight updates
     the version of each sample's first token, its oldest, and token_versions (B*n, R) each token's), prompt_tokens (B*n,),
-    response_text, and image_grids (per sample the prompt's (t, h, w) grids, one list shared by its n
-    samples, for rewards that need image sizes). The encodings themselves (``prompt``) come back only
+    response_text, image_grids (per sample the prompt's images' (t, h, w) grids, one list shared by its n
+    samples, for rewards that need image sizes) and vision_grids (its images' and videos' grids, the vision
+    tower's work for the FLOP account). The encodings themselves (``prompt``) come back only
     ``with_prompts``: they stay on the worker that encoded them.
     """
     out = engine.generate(prompts, params)
     n = params.n
     grids = [[tuple(int(x) for x in g) for g in p.image_grid_thw] if p.image_grid_thw is not None else []
              for p in prompts]
-    objects = {"response_text": out.texts, "image_grids": [g for g in grids for _ in range(n)]}
+    media = [media_grids(p) for p in prompts]
+    objects = {"response_text": out.texts, "image_grids": [g for g in grids for _ in range(n)],
+               "vision_grids": [g for g in media for _ in range(n)]}
     if with_prompts:
         objects["prompt"] = [p for p in prompts for _ in range(n)]
     lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long).repeat_interleave(n)

@@ -35,9 +35,10 @@ from mmrl.protocol import Batch
 GUIDED = "guided"
 # The per-token fields a generated sample carries, each (B, R).
 TOKEN_FIELDS = ("responses", "response_mask", "policy_mask", "rollout_log_probs")
-# What a guide replaces in its row beyond the per-token fields: an agent episode's counts, record and context.
+# What a guide replaces in its row beyond the per-token fields: an agent episode's counts, record, context and
+# tool images.
 SAMPLE_TENSORS = ("num_turns", "num_tool_calls", "weight_version")
-SAMPLE_OBJECTS = ("response_text", "episode", "context_key", "context")
+SAMPLE_OBJECTS = ("response_text", "episode", "context_key", "context", "tool_grids")
 
 
 def guide_turns(answer: str, extra: dict[str, Any]) -> list[str]:

@@ -36,13 +36,16 @@ class MFUAccount:
 
     def metrics(self, batch: Batch, seconds: Mapping[str, float]) -> dict[str, float]:
         """``perf/mfu/<phase>`` and ``perf/tflop/<phase>`` of a step: batch holds uid, prompt_tokens (B,),
-        response_mask (B, R), image_grids, and num_turns (B,) for agent episodes; ``seconds`` the step's timing."""
+        response_mask (B, R), vision_grids (or image_grids), and for agent episodes num_turns (B,) and
+        tool_grids; ``seconds`` the step's timing."""
         if self.peak is None or "uid" not in batch.objects:
             return {}
-        grids = batch["image_grids"] if "image_grids" in batch.objects else [[]] * len(batch)
+        grids = next((batch[key] for key in ("vision_grids", "image_grids") if key in batch.objects),
+                     [[]] * len(batch))
         turns = batch["num_turns"] if "num_turns" in batch.tensors else None
+        tools = batch["tool_grids"] if "tool_grids" in batch.objects else None
         groups = groups_of(batch["uid"], batch["prompt_tokens"], batch["response_mask"], policy_mask(batch), grids,
-                           turns)
+                           turns, tools)
         actor = self.cfg.actor
         lora = actor.lora.rank > 0
         flops = phase_flops(self.model_config, groups, epochs=actor.ppo_epochs, lora=lora,

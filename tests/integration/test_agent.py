@@ -31,13 +31,14 @@ class DyingEpisodeTrainer(RLTrainer):
 
 
 class RecordingTrainer(RLTrainer):
-    """Keeps each step's trained samples (``trained``): their uids, weight versions and episode records."""
+    """Keeps each step's trained samples (``trained``): their uids, weight versions, episode records and tool
+    images' grids."""
 
     def collect(self, prompts):
         batch, metrics = super().collect(prompts)
         self.trained = getattr(self, "trained", [])
         self.trained.append({"uid": list(batch["uid"]), "versions": batch["weight_version"].tolist(),
-                             "episodes": list(batch["episode"])})
+                             "episodes": list(batch["episode"]), "tool_grids": list(batch["tool_grids"])})
         return batch, metrics
 
 
@@ -150,6 +151,9 @@ def test_async_grpo_trains_on_episodes_the_rollout_pool_ran_through_a_rank_kille
     # The redone episodes returned tool images, and were trained on.
     images = [len(c["images"]) for e in trainer.trained[1]["episodes"] for c in e["calls"]]
     assert images and all(n == 1 for n in images)
+    # The FLOP account sees each episode's own tool images (mmrl.perf.flops).
+    assert [len(g) for g in trainer.trained[1]["tool_grids"]] == [
+        sum(len(c["images"]) for c in e["calls"]) for e in trainer.trained[1]["episodes"]]
     client = MlflowClient(cfg.tracking.uri)
     metrics = client.get_run(tracker.run_id).data.metrics
     check_episodes_trained(metrics)

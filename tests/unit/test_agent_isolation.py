@@ -157,3 +157,17 @@ def test_a_failed_call_reads_as_an_error_message() -> None:
     out = ToolOutput.failed("bad_json", "x" * 1000)
     assert out.failure == "bad_json" and out.text.startswith("Error: ") and out.text.endswith("...")
     assert len(out.text) < 320 and out.detail == "x" * 1000
+
+
+@pytest.mark.parametrize("runner", ["mmrl.agent.worker", "rewards.runner"])
+def test_a_plugin_worker_s_runner_imports_neither_torch_nor_transformers(runner: str) -> None:
+    """A tool or reward worker starts in a fraction of a second and holds tens of MB: importing torch would cost
+    each about 3 s and 200 MB of its max_memory_mb."""
+    import subprocess
+    import sys
+
+    code = (f"import importlib, sys; importlib.import_module({runner!r}); "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert "torch" not in out.stdout and "transformers" not in out.stdout, out.stdout

@@ -134,3 +134,38 @@ def test_peak_is_measured_without_moving_the_run_s_random_stream():
     rate = matmul_rate(64, 64, 64, torch.device("cpu"), torch.float32, seconds=0.01)
     assert rate > 1e6  # FLOP/s: any machine that runs the suite
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_videos_and_tool_images_enter_the_vision_count(eager_model):
+    """A prompt's video frames count once per group, like its images; a tool's returned images once per sample."""
+    from mmrl.perf.flops import group_vision_flops
+    from mmrl.perf.vision import vision_flops
+
+    config = eager_model.config
+    image, video, tool = (1, 4, 4), (2, 4, 4), (1, 4, 8)
+    uids = ["a", "a", "a"]
+    mask = torch.ones(3, 2)
+    groups = groups_of(uids, torch.tensor([20, 20, 20]), mask, mask, [[image, video]] * 3, torch.tensor([2, 1, 2]),
+                       [[tool], [], [tool, tool]])
+    assert groups[0].tool_grids == ((tool,), (), (tool, tool))
+    one = {g: vision_flops(config, [g]) for g in (image, video, tool)}
+    assert one[video] > one[image] > 0
+    expected = one[image] + one[video] + 3 * one[tool]
+    assert group_vision_flops(config, groups[0]) == expected
+    flops = phase_flops(config, groups)
+    bare = phase_flops(config, [GroupWork(20, (), (2, 2, 2), (2, 2, 2), (2, 1, 2))])
+    assert flops["gen/vision"] == expected
+    assert flops["old_log_prob"] - bare["old_log_prob"] == expected
+    assert flops["update_actor"] - bare["update_actor"] == 3 * expected
+    without_tools = groups_of(uids, torch.tensor([20, 20, 20]), mask, mask, [[image, video]] * 3)
+    assert without_tools[0].tool_grids == ()
+
+
+def test_a_prompt_s_media_grids_are_its_images_then_its_videos():
+    from mmrl.models.encoding import EncodedPrompt, media_grids
+
+    ids = torch.zeros(3, dtype=torch.long)
+    both = EncodedPrompt(ids, ids, image_grid_thw=torch.tensor([[1, 2, 4], [1, 4, 4]]),
+                         video_grid_thw=torch.tensor([[3, 2, 2]]))
+    assert media_grids(both) == [(1, 2, 4), (1, 4, 4), (3, 2, 2)]
+    assert media_grids(EncodedPrompt(ids, ids)) == []

@@ -14,7 +14,7 @@ from PIL import Image, ImageFile
 
 from data_prep.convert import convert_jsonl
 from data_prep.pixels import encode_png, resize_to_budget
-from mmrl.models.image_modes import to_rgb
+from mmrl.image_modes import to_rgb
 from mmrl.schema import decode_image, read_parquet
 from tests import peer_files
 
