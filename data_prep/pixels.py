@@ -17,7 +17,7 @@ import math
 
 from PIL import Image
 
-from mmrl.models.image_modes import to_rgb
+from mmrl.image_modes import to_rgb
 
 
 def validate_budget(min_pixels: int, max_pixels: int, factor: int) -> None:

@@ -20,7 +20,7 @@ from PIL import Image, ImageOps
 from data_prep.pixels import encode_png, resize_to_budget, validate_budget
 from data_prep.rejects import RowRejected
 from data_prep.video import VideoLimits, VideoReader, plan_sampling
-from mmrl.models.image_modes import to_rgb
+from mmrl.image_modes import to_rgb
 from mmrl.schema import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER, Video, decode_video, make_row, validate_row
 
 DEFAULT_MAX_FILE_BYTES = 20 * 1024 * 1024
