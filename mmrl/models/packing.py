@@ -24,7 +24,7 @@ import torch
 
 from mmrl.models.encoding import MEDIA_FIELDS, EncodedPrompt
 from mmrl.models.families import family_of
-from mmrl.models.packed_attention import PackedLayout, install
+from mmrl.models.packed_attention import PackedLayout, install, length_buckets
 
 PACKED_KEYS = ("packed_gather", "packed_layout", "position_ids")
 
@@ -101,17 +101,22 @@ def pack(
     positions[:, prompt_index[prompt_real]] = torch.cat(prompt_pos, dim=1)
     next_pos = torch.stack([p.max() for p in prompt_pos]) + 1
     positions[:, response_index[response_real]] = (next_pos[group][:, None] + torch.arange(width))[response_real]
+    buckets = length_buckets(extents)
     source = torch.zeros(total, dtype=torch.long)
     source[prompt_index[prompt_real]] = torch.arange(prompt_index.numel()).reshape(prompt_index.shape)[prompt_real]
-    source[response_index[response_real]] = prompt_index.numel() + torch.arange(response_index.numel()).reshape(
-        response_index.shape)[response_real]
+    offset = prompt_index.numel()
+    for rows, bucket_width in buckets:  # each bucket's (B_k, W_k) gathered rows follow the prompts', in order
+        index, real = response_index[rows, :bucket_width], response_real[rows, :bucket_width]
+        source[index[real]] = offset + torch.arange(index.numel()).reshape(index.shape)[real]
+        offset += index.numel()
     # Token 0 is predicted by the prompt's last state, token j > 0 by response token j - 1; a column past the
     # response's extent is never scored and points at the prompt's last state.
     last = (prompt_start + lengths - 1)[group]
     gather = last[:, None].expand(-1, width).clone()
     gather[:, 1:] = torch.where(response_real[:, 1:], response_index[:, :-1], last[:, None])
     layout = PackedLayout(prompt_index=prompt_index, prompt_keys=prompt_real, response_index=response_index,
-                          response_keys=response_real & (response_mask > 0), response_group=group, source=source)
+                          response_keys=response_real & (response_mask > 0), response_group=group, source=source,
+                          buckets=buckets)
     out = {"input_ids": input_ids[None], "mm_token_type_ids": mm_types[None],
            "position_ids": family.model_positions(positions[:, None]), "packed_layout": layout,
            "packed_gather": gather}

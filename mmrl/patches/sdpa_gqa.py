@@ -27,7 +27,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 ORIGINAL: dict[str, Any] = {}
 

@@ -111,12 +111,14 @@ def test_pack_runs_each_prompt_once_and_gathers_the_right_states(model_and_proce
         assert flat[gather[0]] == rows[row].input_ids[-1]
         assert torch.equal(flat[gather[1 : extents[row]]], responses[row, : extents[row] - 1])
         assert torch.equal(flat[layout.response_index[row, : extents[row]]], responses[row, : extents[row]])
-    # Every flat token comes back from its own gathered row: prompts' (G, P) rows first, then responses' (B, R).
-    rows = torch.full((layout.prompt_index.numel() + layout.response_index.numel(),), -1)
-    rows[: layout.prompt_index.numel()][layout.prompt_keys.reshape(-1)] = layout.prompt_index[layout.prompt_keys]
-    real = torch.arange(3)[None] < torch.tensor(extents)[:, None]
-    rows[layout.prompt_index.numel():][real.reshape(-1)] = layout.response_index[real]
-    assert torch.equal(rows[layout.source], torch.arange(len(flat)))
+    # Responses in length buckets, longest first: extent 1 is under 2/3 of 3, so it is attended on its own.
+    assert [(rows.tolist(), width) for rows, width in layout.buckets] == [([0, 1, 3], 3), ([2], 1)]
+    # Every flat token comes back from its own gathered row: prompts' (G, P) rows first, then each bucket's.
+    pieces = [torch.where(layout.prompt_keys, layout.prompt_index, -1).reshape(-1)]
+    for bucket, width in layout.buckets:
+        real = torch.arange(width)[None] < torch.tensor(extents)[bucket][:, None]
+        pieces.append(torch.where(real, layout.response_index[bucket, :width], -1).reshape(-1))
+    assert torch.equal(torch.cat(pieces)[layout.source], torch.arange(len(flat)))
     # Response positions continue from the prompt's largest position, as in the unpacked row.
     positions = packed["position_ids"].reshape(-1, len(flat))
     start = int(layout.response_index[0, 0])
@@ -140,15 +142,20 @@ def test_layout_masks_by_hand():
     ]))
 
 
+@pytest.mark.parametrize("bucketed", [False, True])
 @pytest.mark.parametrize("kv_heads", [2, 4])
-def test_packed_attention_equals_dense_attention_under_the_hand_mask(kv_heads):
+def test_packed_attention_equals_dense_attention_under_the_hand_mask(kv_heads, bucketed):
     """Random queries, keys and values over the flat sequence of test_layout_masks_by_hand: every real token's
-    output and the gradients equal softmax attention over an (N, N) mask written from the segments."""
+    output and the gradients equal softmax attention over an (N, N) mask written from the segments; with the
+    responses in one bucket (gathered rows p0 p0 p1 pad r0 r0 r1 pad r2 r2) or two, r0 and r2 at width 2 then r1 at
+    width 1 (p0 p0 p1 pad r0 r0 r2 r2 r1)."""
+    buckets = ((torch.tensor([0, 2]), 2), (torch.tensor([1]), 1)) if bucketed else ()
+    source = [0, 1, 4, 5, 6, 7, 2, 8] if bucketed else [0, 1, 4, 5, 8, 9, 2, 6]
     layout = PackedLayout(
         prompt_index=torch.tensor([[0, 1], [6, 0]]), prompt_keys=torch.tensor([[True, True], [True, False]]),
         response_index=torch.tensor([[2, 3], [7, 0], [4, 5]]),
         response_keys=torch.tensor([[True, False], [True, False], [True, True]]),
-        response_group=torch.tensor([0, 1, 0]), source=torch.tensor([0, 1, 4, 5, 8, 9, 2, 6]))
+        response_group=torch.tensor([0, 1, 0]), source=torch.tensor(source), buckets=buckets)
     segment = ["p0", "p0", "r0", "r0", "r2", "r2", "p1", "r1"]
     is_key = [True, True, True, False, True, True, True, True]  # token 3 is the hole
     prompt_of = {"r0": "p0", "r2": "p0", "r1": "p1"}
@@ -174,6 +181,17 @@ def test_packed_attention_equals_dense_attention_under_the_hand_mask(kv_heads):
     for got, want in zip(grads, expected_grads):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
     assert layout.calls == 1
+
+
+def test_length_buckets_cut_under_two_thirds_of_the_bucket_s_longest():
+    from mmrl.models.packed_attention import length_buckets
+
+    extents = torch.tensor([5, 256, 30, 200, 171, 0, 256, 100])
+    got = [(rows.tolist(), width) for rows, width in length_buckets(extents)]
+    # 256 256 200 171 | 100 | 30 | 5 | 0: 171 >= 2/3 * 256 > 100, 30 < 2/3 * 100, 5 < 20, 0 < 10/3 (width 1)
+    assert got == [([1, 6, 3, 4], 256), ([7], 100), ([2], 30), ([0], 5), ([5], 1)]
+    assert [(rows.tolist(), width) for rows, width in length_buckets(torch.tensor([16, 15, 12, 16]))] == [
+        ([0, 3, 1, 2], 16)]
 
 
 def test_groups_keep_first_appearance_order():
