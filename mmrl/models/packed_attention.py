@@ -72,9 +72,12 @@ class PackedLayout:
     def masks(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Bool masks, True where a query attends: prompts (G, 1, P, P), causal over their own valid tokens;
         responses (B, 1, R, P + R) (see :meth:`response_mask`)."""
-        prompts = _causal(self.prompt_index.shape[1], self.source.device, self.prompt_keys)[:, None]
         every = torch.arange(len(self.response_index), device=self.source.device)
-        return prompts, self.response_mask(every, self.response_index.shape[1])
+        return self.prompt_mask(), self.response_mask(every, self.response_index.shape[1])
+
+    def prompt_mask(self) -> torch.Tensor:
+        """(G, 1, P, P) bool: each prompt token sees its prompt's valid tokens up to itself, and itself."""
+        return _causal(self.prompt_index.shape[1], self.source.device, self.prompt_keys)[:, None]
 
     def response_mask(self, rows: torch.Tensor, width: int) -> torch.Tensor:
         """rows (M,) of the responses, attended at ``width`` -> (M, 1, width, P + width) bool: each query sees its
@@ -89,13 +92,12 @@ class PackedLayout:
         """The prompts' mask and each bucket's query indices, key indices and mask (:class:`Bucket`), built once
         for every layer of a forward."""
         if self._gathered is None:
-            prompt_mask = _causal(self.prompt_index.shape[1], self.source.device, self.prompt_keys)[:, None]
             buckets = []
             for rows, width in self.response_buckets():
                 queries = self.response_index[rows, :width]
                 keys = torch.cat([self.prompt_index[self.response_group[rows]], queries], dim=1)
                 buckets.append(Bucket(queries, keys, self.response_mask(rows, width)))
-            self._gathered = (prompt_mask, buckets)
+            self._gathered = (self.prompt_mask(), buckets)
         return self._gathered
 
     def check_used(self) -> None:
