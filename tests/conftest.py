@@ -98,10 +98,12 @@ def tiny_config(tiny_model_dir: Path, tiny_data_dir: Path, empty_mlflow_db: Path
             "actor.num_mini_batches=2",
             "model.compile=false",  # eager: the suite would compile in each worker process; tests/unit/test_fused.py checks it
             "resources.reuse_workers=true",  # the suite's ~50 runs start their ranks in warm processes
-            # Logging the policy as an MLflow model and sampling system metrics cost each run time; the test of
-            # the MLflow run turns them on (tests/integration/test_rl_pipeline.py).
+            # Logging the policy as an MLflow model, sampling system metrics and measuring the matmul peak (about
+            # a second) cost each run time; the test of the MLflow run turns them on
+            # (tests/integration/test_rl_pipeline.py).
             "tracking.log_model=false",
             "tracking.system_metrics=false",
+            "tracking.mfu=false",
         ],
     )
 

@@ -110,6 +110,9 @@ class TrackingConfig:
     """Log MLflow's system metrics (CPU, memory, disk, network; GPU when one is visible and pynvml is installed)."""
     system_metrics_interval_s: float = num(10.0, gt=0)
     """Seconds between two samples of the system metrics."""
+    mfu: bool = True
+    """Measure each actor rank's matmul peak when the RL run starts (about a second on a CPU) and log each phase's
+    ``perf/mfu/<phase>`` and ``perf/tflop/<phase>`` against it (:mod:`mmrl.trainer.perf`); off: neither."""
     log_model: bool = True
     """Log the RL run's final policy as an MLflow model (``policy``: the Hugging Face folder in a pyfunc model
     whose ``predict`` gives greedy answers; :mod:`mmrl.trainer.policy_model`)."""

@@ -143,7 +143,8 @@ class RLTrainer:
         export the final policy in Hugging Face format."""
         self.build_workers()
         self.log_batching(tracker)
-        tracker.log_metrics(self.mfu.measure(self.workers), 0)
+        if self.cfg.tracking.mfu:
+            tracker.log_metrics(self.mfu.measure(self.workers), 0)
         if resume is not None:
             self.restore(resume)
         last_eval: dict[str, float] = {}

@@ -29,6 +29,12 @@ EXPECTED = {
 }
 
 
+# Algorithms whose run differs from GRPO's only in a pure function (the advantage estimator or the loss's
+# aggregation, each unit-tested against a reference): `make test` runs GRPO's path end to end in
+# tests/integration/test_rl_pipeline.py, so these end-to-end runs are `make test-extra`'s.
+GROUP_BASELINES = {"grpo", "dr_grpo", "grpo_pass_k", "gspo", "opo", "otb", "reinforce_plus_plus_baseline", "rloo"}
+
+
 def test_there_is_one_config_per_algorithm():
     from mmrl.algos import ALGORITHMS
 
@@ -36,6 +42,17 @@ def test_there_is_one_config_per_algorithm():
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_each_algorithm_config_loads_and_checks(path, tiny_config):
+    """Every config resolves against the tiny model (the end-to-end runs below that `make test` leaves to
+    `make test-extra` still have their configs checked)."""
+    cfg = load_config(path, [f"model.path={tiny_config.model.path}", f"trainer.init={tiny_config.model.path}",
+                             f"data.dir={tiny_config.data.dir}"])
+    cfg.check()
+    assert cfg.algorithm.name == path.stem
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.extra) if p.stem in GROUP_BASELINES else p
+                                  for p in CONFIGS], ids=[p.stem for p in CONFIGS])
 def test_each_algorithm_config_runs_end_to_end(path, tiny_config, tmp_path):
     owned = [key for key in ("algorithm.pf_ppo.filter_k=2", "algorithm.max_gen_rounds=8")
              if path.stem in key_owners()[key.split("=")[0]]]  # each algorithm is given only its own keys

@@ -70,6 +70,7 @@ def test_two_grpo_steps_log_to_mlflow(tiny_config, reference_greedy):
     cfg.trainer.steps, cfg.trainer.eval_every = 2, 1
     cfg.actor.use_kl_loss = True  # exercises the reference policy too
     cfg.tracking.log_model, cfg.tracking.system_metrics, cfg.tracking.system_metrics_interval_s = True, True, 1.0
+    cfg.tracking.mfu = True
     cfg.tracking.register_model = "tiny-policy"
     cfg.trainer.profile_steps = [2]
     with mlflow_ui(cfg.tracking.uri) as ui:  # the UI's server starts while the run trains: it reads the store live
