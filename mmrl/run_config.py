@@ -50,7 +50,7 @@ def run_dict(cfg: Config) -> dict[str, Any]:
     """``cfg`` as nested dicts without the keys it does not read: of ``actor.loss``, only the sections of its
     policy loss and of its algorithm's extra losses; of ``algorithm``, only its algorithm's own; without a user's
     file (``data.jsonl``), none of the converter's :data:`CONVERTER_KEYS`; without traces (0), no
-    ``tracking.trace_episodes``; without in-flight updates, no ``rollout.partial*``; without profiles, no
+    ``tracking.trace_episodes``; with the MFU account (the default), no ``tracking.mfu``; without in-flight updates, no ``rollout.partial*``; without profiles, no
     ``trainer.profile_steps``; with fused kernels (the default), no ``model.compile``. Two runs read the same keys
     with the same values when their dicts are equal, whatever losses and algorithms the tables hold."""
     tree = to_dict(cfg)
@@ -64,6 +64,8 @@ def run_dict(cfg: Config) -> dict[str, Any]:
                          if key not in ALGORITHMS or key == cfg.algorithm.name}
     if not cfg.tracking.trace_episodes:  # off: the run as it was before the key existed
         del tree["tracking"]["trace_episodes"]
+    if cfg.tracking.mfu:  # measured (the default): the run as it was before the key existed
+        del tree["tracking"]["mfu"]
     if not cfg.trainer.profile_steps:  # no profiles: the run as it was before the key existed
         del tree["trainer"]["profile_steps"]
     if cfg.model.compile:  # the same math as eager (to float rounding): the run as it was before the key existed
