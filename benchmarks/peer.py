@@ -54,7 +54,6 @@ from mlflow.tracking import MlflowClient
 from benchmarks.flags import names, parse_flags, shapes
 from benchmarks.record import ROOT, Block, StoredBench, commit_text
 from mmrl.config import Config
-from mmrl.memory.allocator import reexec_with_allocator_env
 from mmrl.trainer.tracking import tracking_uri
 
 OUT = Path("outputs/bench_peer")
@@ -380,5 +379,4 @@ STORED = StoredBench("bench-peer", "peer", RECORD, BLOCK, render)
 
 
 if __name__ == "__main__":
-    reexec_with_allocator_env("benchmarks.peer", sys.argv[1:])  # TRL's process gets the workers' allocator
     sys.exit(main())

@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -60,7 +59,6 @@ from tqdm import tqdm
 from benchmarks.flags import names, parse_flags, shapes
 from benchmarks.record import ROOT, Block, StoredBench, commit_text
 from mmrl.config import Config, TinyModelConfig
-from mmrl.memory.allocator import reexec_with_allocator_env
 from mmrl.memory.peaks import GIB, peak_gb, reset_peak
 from mmrl.protocol import Batch
 from pipelines.cli import Command
@@ -462,5 +460,4 @@ def main(argv: list[str] | None = None) -> list[Measure]:
 
 
 if __name__ == "__main__":
-    reexec_with_allocator_env("benchmarks.scale", sys.argv[1:])  # TRL's process gets the workers' allocator
     main()

@@ -22,7 +22,6 @@ from typing import Any
 from benchmarks.flags import parse_flags
 from benchmarks.peer import measure
 from benchmarks.record import ROOT, Block, StoredBench, commit_text, load_record
-from mmrl.memory.allocator import reexec_with_allocator_env
 
 CENTRE = (16, 8, 16)
 AXES = {"P (prompts)": (8, 16, 32, 64), "n (samples per prompt)": (4, 8, 16), "T (max new tokens)": (8, 16, 32, 64)}
@@ -124,5 +123,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    reexec_with_allocator_env("benchmarks.scaling", sys.argv[1:])  # TRL's process gets the workers' allocator
     sys.exit(main())

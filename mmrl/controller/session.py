@@ -5,33 +5,22 @@ from __future__ import annotations
 import os
 
 import ray
-import torch
 
 from mmrl.config import ResourcesConfig
 from mmrl.controller.reuse import idle_cpus
-from mmrl.memory.allocator import allocator_env
 
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore::DeprecationWarning"}
-
-
-def worker_env(cfg: ResourcesConfig) -> dict[str, str]:
-    """The environment every Ray worker process of the session starts with: :data:`WORKER_ENV`, and on a CPU
-    (``resources.device`` cpu, or auto where the driver sees no GPU) the allocator's
-    (:data:`mmrl.memory.allocator.ALLOCATOR_ENV`)."""
-    on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
-    return WORKER_ENV | allocator_env("cpu" if on_cpu else "cuda")
 
 
 def ensure_ray(cfg: ResourcesConfig) -> None:
     """Join ``resources.ray_address``, or start a new local Ray without the dashboard (about 3 s).
 
     ``address="local"`` always starts a new instance: a bare ``ray.init()`` would join whatever cluster
-    Ray's temp folder names (a user's running cluster, or a stale one left by a crash). The workers start with
-    :func:`worker_env`.
+    Ray's temp folder names (a user's running cluster, or a stale one left by a crash).
     """
     if ray.is_initialized():
         return
-    runtime_env = {"env_vars": worker_env(cfg)}
+    runtime_env = {"env_vars": WORKER_ENV}
     if cfg.ray_address:
         ray.init(address=cfg.ray_address, runtime_env=runtime_env)
     else:

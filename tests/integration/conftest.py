@@ -8,8 +8,6 @@ import pytest
 import ray
 import torch
 
-from mmrl.config import ResourcesConfig
-from mmrl.controller.session import worker_env
 from mmrl.models.encoding import collate, encode_prompt, vision_token_ids
 from mmrl.models.forward import ValueModel
 from mmrl.models.loading import load_model, load_processor, save_checkpoint
@@ -18,9 +16,8 @@ from mmrl.models.loading import load_model, load_processor, save_checkpoint
 @pytest.fixture(scope="session", autouse=True)
 def ray_session():
     # address="local": a new instance even when Ray's temp folder names another cluster (a stale file, a user's).
-    # The product's worker environment (its allocator settings on a CPU), as ensure_ray gives it.
     ray.init(address="local", num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False,
-             runtime_env={"env_vars": worker_env(ResourcesConfig())})
+             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     yield
     ray.shutdown()
 
