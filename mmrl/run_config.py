@@ -50,9 +50,10 @@ def run_dict(cfg: Config) -> dict[str, Any]:
     """``cfg`` as nested dicts without the keys it does not read: of ``actor.loss``, only the sections of its
     policy loss and of its algorithm's extra losses; of ``algorithm``, only its algorithm's own; without a user's
     file (``data.jsonl``), none of the converter's :data:`CONVERTER_KEYS`; without traces (0), no
-    ``tracking.trace_episodes``; with the MFU account (the default), no ``tracking.mfu``; without in-flight updates, no ``rollout.partial*``; without profiles, no
-    ``trainer.profile_steps``; with fused kernels (the default), no ``model.compile``. Two runs read the same keys
-    with the same values when their dicts are equal, whatever losses and algorithms the tables hold."""
+    ``tracking.trace_episodes``; with the MFU account (the default), no ``tracking.mfu``; without in-flight
+    updates, no ``rollout.partial*``; without profiles, no ``trainer.profile_steps``; with fused kernels (the
+    default), no ``model.compile``. Two runs read the same keys with the same values when their dicts are equal,
+    whatever losses and algorithms the tables hold."""
     tree = to_dict(cfg)
     if not cfg.data.jsonl:
         tree["data"] = {key: value for key, value in tree["data"].items() if key not in CONVERTER_KEYS}

@@ -62,7 +62,8 @@ def test_each_algorithm_config_runs_end_to_end(path, tiny_config, tmp_path):
         f"tracking.uri={tiny_config.tracking.uri}", f"tracking.artifact_dir={tiny_config.tracking.artifact_dir}",
         "trainer.steps=2", "trainer.prompts_per_step=4", "trainer.val_size=4", "trainer.eval_every=0",
         "rollout.n=4", "rollout.max_new_tokens=8", "resources.threads_per_worker=1",
-        "resources.reuse_workers=true", *owned,
+        "resources.reuse_workers=true", "tracking.mfu=false", "tracking.log_model=false",
+        "tracking.system_metrics=false", *owned,
     ])
     if cfg.algorithm.critic_warmup_steps:
         cfg.algorithm.critic_warmup_steps = 1  # step 1 trains the critic alone, step 2 both
@@ -80,6 +81,7 @@ def test_each_algorithm_config_runs_end_to_end(path, tiny_config, tmp_path):
     if path.stem == "dapo":
         assert max(history["filter/gen_rounds"]) >= 2, history
     assert run.info.status == "FINISHED" and run.data.params["algorithm.name"] == path.stem
+    assert "perf/peak_tflops" not in run.data.metrics  # tracking.mfu=false (the suite's): no peak measured
     for key in ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "val/acc",
                 *EXPECTED.get(path.stem, [])]:
         assert key in run.data.metrics, (path.stem, key)
