@@ -46,14 +46,23 @@ CONVERTER_KEYS = ("jsonl", "format", "image_dir", "split")
 """The ``data`` keys only the converter of a user's file reads (``make data`` with ``data.jsonl`` set)."""
 
 
+LATER_KEYS: dict[tuple[str, str], Any] = {
+    ("tracking", "trace_episodes"): 0,
+    ("tracking", "mfu"): True,
+    ("trainer", "profile_steps"): [],
+    ("trainer", "stop_val_acc"): 0.0,
+    ("model", "compile"): True,  # fused kernels: the same math as eager, to float rounding
+}
+"""Keys added after runs were recorded, each with the value at which a run is the run as it was before the key
+existed: there, :func:`run_dict` leaves it out, so the records' config hashes stay current."""
+
+
 def run_dict(cfg: Config) -> dict[str, Any]:
     """``cfg`` as nested dicts without the keys it does not read: of ``actor.loss``, only the sections of its
     policy loss and of its algorithm's extra losses; of ``algorithm``, only its algorithm's own; without a user's
-    file (``data.jsonl``), none of the converter's :data:`CONVERTER_KEYS`; without traces (0), no
-    ``tracking.trace_episodes``; with the MFU account (the default), no ``tracking.mfu``; without in-flight
-    updates, no ``rollout.partial*``; without profiles, no ``trainer.profile_steps``; with fused kernels (the
-    default), no ``model.compile``. Two runs read the same keys with the same values when their dicts are equal,
-    whatever losses and algorithms the tables hold."""
+    file (``data.jsonl``), none of the converter's :data:`CONVERTER_KEYS`; none of the :data:`LATER_KEYS` at their
+    old behaviour; without in-flight updates, no ``rollout.partial*``. Two runs read the same keys with the same
+    values when their dicts are equal, whatever losses and algorithms the tables hold."""
     tree = to_dict(cfg)
     if not cfg.data.jsonl:
         tree["data"] = {key: value for key, value in tree["data"].items() if key not in CONVERTER_KEYS}
@@ -63,14 +72,9 @@ def run_dict(cfg: Config) -> dict[str, Any]:
                              if key not in LOSSES or key in losses}
     tree["algorithm"] = {key: value for key, value in tree["algorithm"].items()
                          if key not in ALGORITHMS or key == cfg.algorithm.name}
-    if not cfg.tracking.trace_episodes:  # off: the run as it was before the key existed
-        del tree["tracking"]["trace_episodes"]
-    if cfg.tracking.mfu:  # measured (the default): the run as it was before the key existed
-        del tree["tracking"]["mfu"]
-    if not cfg.trainer.profile_steps:  # no profiles: the run as it was before the key existed
-        del tree["trainer"]["profile_steps"]
-    if cfg.model.compile:  # the same math as eager (to float rounding): the run as it was before the key existed
-        del tree["model"]["compile"]
+    for (section, key), old in LATER_KEYS.items():
+        if tree[section][key] == old:
+            del tree[section][key]
     if not cfg.rollout.partial:  # whole batches on one version: the run as it was before in-flight updates
         for key in ("partial", "partial_poll_tokens"):
             del tree["rollout"][key]

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
     summary = {
         "sft_acc": sft_eval["accuracy"]["all"],
         "rl_acc": rl_eval["accuracy"]["all"],
-        "rl_steps": cfg.trainer.steps,
+        "rl_steps": rl["steps"],
         "wall_minutes": round(minutes, 2),
         "mlflow_run_id": rl["mlflow_run_id"],
         "mlflow_tracking_uri": redact_uri(tracking_uri(cfg.tracking)),

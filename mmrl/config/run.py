@@ -20,6 +20,10 @@ class TrainerConfig:
     """Evaluate on the val split every this many steps (0: only at the end)."""
     val_size: int = num(128, ge=1)
     """Val prompts per evaluation."""
+    stop_val_acc: float = num(0.0, ge=0, le=1)
+    """Stop the run after an evaluation whose val accuracy (``val/acc``) reaches this, checkpointed and exported
+    as at its last step (0: run every step). The lr schedule stays the one of ``steps``; a resumed run that
+    had stopped trains no further."""
     experiment: str = "mmrl"
     """MLflow experiment name."""
     run_name: str = ""

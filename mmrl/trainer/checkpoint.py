@@ -46,6 +46,7 @@ class DriverState:
     skipped_in_a_row: int = 0
     kl_coef: float | None = None  # the adaptive KL controller's coefficient (KL in the reward)
     pass_rates: dict[str, Any] | None = None  # the per-prompt record the sampling rules read
+    stopped: bool = False  # the run stopped early (trainer.stop_val_acc): a resume exports without training
 
 
 def is_complete(folder: Path) -> bool:

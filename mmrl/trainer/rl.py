@@ -111,7 +111,7 @@ class RLTrainer:
         self.pass_rates = PassRates()
         self.rules = SamplingRules(self.pass_rates, trainer.skip_solved_after, trainer.unsolved_revisit_rate)
         self.loader = PromptLoader(self.train_rows, trainer.prompts_per_step, self.cfg.seed, self.rules)
-        self.step_no, self.skipped_in_a_row = 0, 0
+        self.step_no, self.skipped_in_a_row, self.stopped = 0, 0, False
         self.kl_ctrl = build_kl_controller(self.cfg.algorithm)
         self.last_checkpoint: Path | None = None
         self.source.reset()
@@ -148,7 +148,7 @@ class RLTrainer:
         if resume is not None:
             self.restore(resume)
         last_eval: dict[str, float] = {}
-        while self.step_no < self.cfg.trainer.steps:
+        while self.step_no < self.cfg.trainer.steps and not self.stopped:
             try:
                 last_eval = self.train_step(tracker) or last_eval
             except WorkerFailure as failure:
@@ -157,7 +157,8 @@ class RLTrainer:
         return last_eval
 
     def train_step(self, tracker: Tracker) -> dict[str, float] | None:
-        """Step ``step_no + 1``: train, evaluate when due, log, checkpoint when due. Returns the eval metrics."""
+        """Step ``step_no + 1``: train, evaluate when due, log, checkpoint when due (and when the run stops early
+        at ``trainer.stop_val_acc``). Returns the eval metrics."""
         cfg, step = self.cfg.trainer, self.step_no + 1
         prompts = self.source.next_prompts(self.loader)
         if step in cfg.profile_steps:
@@ -170,12 +171,18 @@ class RLTrainer:
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
             evaluated = self.validate(tracker, step)
             metrics.update(evaluated)
+            if cfg.stop_val_acc > 0:
+                self.stopped = step < cfg.steps and evaluated["val/acc"] >= cfg.stop_val_acc
+                metrics["trainer/stopped_early"] = float(self.stopped)
         tracker.log_metrics(metrics, step)
         if evaluated is not None:
             self.log_curves(tracker)  # refreshed at every evaluation, so a live run shows its curves
         print(console_line(step, cfg.steps, metrics, CONSOLE), flush=True)
         self.step_no = step
-        if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
+        if self.stopped:
+            print(f"stopping at step {step} of {cfg.steps}: val/acc {evaluated['val/acc']:.3f} >= "
+                  f"trainer.stop_val_acc {cfg.stop_val_acc}", flush=True)
+        if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or self.stopped:
             self.save(tracker)
         return evaluated
 
@@ -306,9 +313,11 @@ class RLTrainer:
 
     def driver_state(self, tracker: Tracker) -> DriverState:
         """What the driver saves in a checkpoint: the step, the run, the loader (as the source says: the async pool's
-        in-flight prompts are drawn again), the skip count, the KL coefficient, the pass rates."""
+        in-flight prompts are drawn again), the skip count, the KL coefficient, the pass rates, whether the run
+        stopped early."""
         return DriverState(self.step_no, tracker.run_id, self.source.loader_state(self.loader.state_dict()),
-                           self.skipped_in_a_row, self.kl_ctrl.value, self.pass_rates.state_dict())
+                           self.skipped_in_a_row, self.kl_ctrl.value, self.pass_rates.state_dict(),
+                           self.stopped)
 
     def restore(self, folder: Path) -> None:
         """Load a checkpoint into the (freshly built) groups and the driver."""
@@ -321,7 +330,7 @@ class RLTrainer:
         if self.critic is not None:
             self.critic.load_state(str(folder / "critic"))
         self.loader.load_state_dict(state.loader)
-        self.step_no, self.skipped_in_a_row = state.step, state.skipped_in_a_row
+        self.step_no, self.skipped_in_a_row, self.stopped = state.step, state.skipped_in_a_row, state.stopped
         if state.kl_coef is not None:
             self.kl_ctrl.value = state.kl_coef
         if state.pass_rates is not None:

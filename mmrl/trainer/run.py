@@ -21,6 +21,7 @@ def run_rl(cfg: Config, trainer_class: type[RLTrainer] = RLTrainer) -> dict[str,
     try:
         result = trainer.fit(tracker, resume)
         result["mlflow_run_id"] = tracker.run_id  # type: ignore[assignment]
+        result["steps"] = trainer.step_no  # fewer than trainer.steps when it stopped early (trainer.stop_val_acc)
         tracker.finish()
         return result
     except BaseException:

@@ -116,6 +116,29 @@ def test_ppo_with_a_critic_on_two_fsdp_workers_resumes_bit_for_bit(tiny_config, 
     assert_identical(weights(tmp_path / "straight" / "critic", critic), weights(tmp_path / "resumed" / "critic", critic))
 
 
+def test_a_run_that_reaches_stop_val_acc_stops_checkpointed_and_a_resume_trains_no_further(tiny_config, tmp_path):
+    """trainer.stop_val_acc: with a verifier that calls every answer right, the first evaluation (step 2 of 4) stops
+    the run; it is checkpointed and exported there, and a resume (trainer.resume=auto) leaves it as it is."""
+    out = tmp_path / "run"
+    cfg = configure(tiny_config, out, 4, save_every=0, trainer__eval_every=2, trainer__stop_val_acc=0.75)
+    verifier = tmp_path / "always_right.py"
+    verifier.write_text("def correct(response):\n    return 1.0\n")
+    cfg.reward.verifier = f"{verifier}:correct"
+    first = run_rl(cfg)
+    assert first["steps"] == 2 and first["val/acc"] == 1.0
+    assert (out / "latest").read_text() == "step_2" and load_driver_state(out / "step_2").stopped
+    exported = weights(out / "checkpoint")
+    client = MlflowClient(tiny_config.tracking.uri)
+    assert [(m.step, m.value) for m in client.get_metric_history(first["mlflow_run_id"], "trainer/stopped_early")] \
+        == [(2, 1.0)]
+
+    second = run_rl(cfg)
+    assert second["steps"] == 2 and second["mlflow_run_id"] == first["mlflow_run_id"]
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("step_")) == ["step_2"]
+    assert_identical(exported, weights(out / "checkpoint"))
+    assert sorted(m.step for m in client.get_metric_history(first["mlflow_run_id"], "actor/pg_loss")) == [1, 2]
+
+
 def test_a_checkpoint_loads_into_another_world_size_and_layout(tiny_config, tmp_path):
     """Saved by 2 FSDP ranks, loaded by 1 replicated rank: the same weights, and training goes on."""
     sharded = configure(tiny_config, tmp_path / "two", 2, resources__num_workers=2)

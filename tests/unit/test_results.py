@@ -222,3 +222,12 @@ def test_the_converter_s_keys_count_only_for_a_run_on_a_user_s_file():
     assert results.config_hash("configs/demo.yaml", user) != base
     assert results.config_hash("configs/demo.yaml", user) != results.config_hash("configs/demo.yaml",
                                                                                [*user, "data.split=val"])
+
+
+def test_a_key_added_later_changes_the_hash_only_away_from_its_old_behaviour():
+    """The keys of LATER_KEYS at their old values leave the hash as it was before they existed; any other value is
+    another run."""
+    base = results.config_hash("configs/demo.yaml", ["seed=0"])
+    assert base == results.config_hash("configs/demo.yaml", ["seed=0", "trainer.stop_val_acc=0", "tracking.mfu=true"])
+    assert base != results.config_hash("configs/demo.yaml", ["seed=0", "trainer.stop_val_acc=0.95"])
+    assert base != results.config_hash("configs/demo.yaml", ["seed=0", "tracking.mfu=false"])
