@@ -113,6 +113,11 @@ class RewardManager:
         check_spec(spec, for_workers=True)
         return absolute_spec(spec)
 
+    def launch(self) -> None:
+        """Start the worker processes (without waiting for them) so that they load while the caller goes on."""
+        if self._pool is not None:
+            self._pool.launch()
+
     def start(self) -> float:
         """Start the worker processes now rather than on the first score(); returns the seconds taken."""
         if self._pool is None:

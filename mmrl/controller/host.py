@@ -108,6 +108,9 @@ class WorkerHost:
             dist.destroy_process_group()  # the default group and every group made from it
         forget_process_group_caches()
         gc.collect()
+        # What outlives a worker (modules, their caches) is kept out of later collections: the next reset's full
+        # collection, and a worker's own, scan only what was made since (one such scan took 0.2 s of CPU).
+        gc.freeze()
         cuda = torch.cuda.is_initialized()
         if cuda:
             torch.cuda.synchronize()

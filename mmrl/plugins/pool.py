@@ -70,6 +70,12 @@ class PluginPool:
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self._workers]
 
+    def launch(self) -> None:
+        """Start every missing worker process without waiting for it: the workers load while the caller does other
+        work, and the first :meth:`run` waits only for what is left of their start."""
+        with self._lock:
+            self._fill()
+
     def start(self) -> float:
         """Start every missing worker now and wait until all are ready; returns the seconds it took."""
         began = time.monotonic()

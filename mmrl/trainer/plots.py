@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.figure import Figure
 
 
 def plot_curves(history: dict[str, list[tuple[int, float]]], panels: dict[str, list[str]]) -> Figure:
-    """One panel per title, each with the listed metric series; missing series are skipped."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.5), squeeze=False)
+    """One panel per title, each with the listed metric series; missing series are skipped.
+
+    A bare Figure (Agg canvas), not pyplot's: nothing keeps it once it is logged, and fixed margins spare the
+    tight-layout pass (a third of the drawing time)."""
+    fig = Figure(figsize=(5 * len(panels), 3.5))
+    axes = fig.subplots(1, len(panels), squeeze=False)
+    fig.subplots_adjust(left=0.25 / len(panels), right=1 - 0.1 / len(panels), bottom=0.15, top=0.9, wspace=0.25)
     for ax, (title, keys) in zip(axes[0], panels.items()):
         for key in keys:
             if key in history:
@@ -22,5 +23,4 @@ def plot_curves(history: dict[str, list[tuple[int, float]]], panels: dict[str, l
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=7)
-    fig.tight_layout()
     return fig
