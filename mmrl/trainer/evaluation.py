@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from mmrl.agent.scorecard import ToolUse
+from mmrl.config import TrainerConfig
 from mmrl.protocol import Batch
 from mmrl.rollout.base import SamplingParams
 from mmrl.trainer.dataset import rows_to_batch
@@ -73,6 +74,16 @@ def evaluate(generate: GenerateFn, rows: list[dict[str, Any]], verify: VerifyFn,
     accuracy["all"] = sum(every) / max(len(every), 1)
     counts = {source: len(s) for source, s in correct.items()} | {"all": len(every)}
     return EvalResult(accuracy=accuracy, counts=counts, samples=samples, tool_use=tool_use)
+
+
+def stops_early(cfg: TrainerConfig, step: int, val_acc: float) -> bool:
+    """Whether the run stops after step ``step``'s evaluation (``trainer.stop_val_acc``; never at its last step);
+    prints why when it does."""
+    stop = 0 < cfg.stop_val_acc <= val_acc and step < cfg.steps
+    if stop:
+        print(f"stopping at step {step} of {cfg.steps}: val/acc {val_acc:.3f} >= trainer.stop_val_acc "
+              f"{cfg.stop_val_acc}", flush=True)
+    return stop
 
 
 def _sample_row(prompts: Batch, i: int, response: str, reward: float) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from mmrl.trainer.checkpoint import CheckpointManager, DriverState, check_resuma
 from mmrl.trainer.collection import Collection, score_stages
 from mmrl.trainer.dataset import PromptLoader, load_rows
 from mmrl.trainer.episodes import episode_kind
-from mmrl.trainer.evaluation import EvalResult, evaluate, samples_html, samples_table
+from mmrl.trainer.evaluation import EvalResult, evaluate, samples_html, samples_table, stops_early
 from mmrl.trainer.groups import TrainerGroups, check_same_tokenizer
 from mmrl.trainer.guidance import fill_behaviour
 from mmrl.trainer.metrics import memory_metrics, non_finite, step_metrics, timing_metrics, value_metrics
@@ -170,18 +170,13 @@ class RLTrainer:
         evaluated = None
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
             evaluated = self.validate(tracker, step)
-            metrics.update(evaluated)
-            if cfg.stop_val_acc > 0:
-                self.stopped = step < cfg.steps and evaluated["val/acc"] >= cfg.stop_val_acc
-                metrics["trainer/stopped_early"] = float(self.stopped)
+            self.stopped = stops_early(cfg, step, evaluated["val/acc"])
+            metrics |= evaluated | ({"trainer/stopped_early": float(self.stopped)} if cfg.stop_val_acc else {})
         tracker.log_metrics(metrics, step)
         if evaluated is not None:
             self.log_curves(tracker)  # refreshed at every evaluation, so a live run shows its curves
         print(console_line(step, cfg.steps, metrics, CONSOLE), flush=True)
         self.step_no = step
-        if self.stopped:
-            print(f"stopping at step {step} of {cfg.steps}: val/acc {evaluated['val/acc']:.3f} >= "
-                  f"trainer.stop_val_acc {cfg.stop_val_acc}", flush=True)
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or self.stopped:
             self.save(tracker)
         return evaluated

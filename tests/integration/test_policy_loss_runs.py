@@ -1,11 +1,12 @@
-"""Each of the newer losses (CISPO, SAPO, GMPO, GPG, Clip-Cov, KL-Cov, DPPO) runs two GRPO steps end to end (real Ray workers, MLflow), with its own metric logged, finite,
+"""Each of the newer losses (CISPO, SAPO, GMPO, GPG, Clip-Cov, KL-Cov, DPPO) runs two GRPO steps end to end (real
+Ray workers, MLflow; three in make test, the others in make test-extra), with its own metric logged, finite,
 and a gradient that moved the policy; off-policy guidance and the pass-rate rules run two steps. (The estimators,
 grpo_pass_k and opo, run end to end from their configs in tests/integration/test_algorithm_family.py.)"""
 
-import copy
 import dataclasses
 import math
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from mmrl.models.loading import load_processor
@@ -14,15 +15,19 @@ from mmrl.trainer.checkpoint import load_driver_state
 from mmrl.trainer.rl import RLTrainer
 from mmrl.trainer.run import run_rl
 
-RUNS = [  # (overrides, the metric the loss logs)
-    ({"actor.loss.policy": "cispo"}, "actor/pg_clipfrac"),
+# (overrides, the metric the loss logs). Each loss is a pure function of the same inputs through the loss table
+# (their math: tests/unit); make test runs three that differ in what reaches them (a loss of its own metric, one
+# with its own aggregation, one with its own section), `make test-extra` the others.
+extra = pytest.mark.extra
+RUNS = [
+    pytest.param({"actor.loss.policy": "cispo"}, "actor/pg_clipfrac", marks=extra),
     ({"actor.loss.policy": "sapo"}, "actor/sapo_gate"),
     ({"actor.loss.policy": "gmpo", "actor.loss_agg_mode": "seq-mean-token-mean"}, "actor/pg_clipfrac"),
-    ({"actor.loss.policy": "gpg"}, "actor/ppo_kl"),
-    ({"actor.loss.policy": "clip_cov", "actor.loss.clip_cov.lb": 0.0}, "actor/pg_clipfrac"),
+    pytest.param({"actor.loss.policy": "gpg"}, "actor/ppo_kl", marks=extra),
+    pytest.param({"actor.loss.policy": "clip_cov", "actor.loss.clip_cov.lb": 0.0}, "actor/pg_clipfrac", marks=extra),
     ({"actor.loss.policy": "kl_cov", "actor.loss.kl_cov.ratio": 0.2}, "actor/kl_cov_frac"),
-    ({"actor.loss.policy": "dppo_tv"}, "actor/pg_clipfrac"),
-    ({"actor.loss.policy": "dppo_kl"}, "actor/pg_clipfrac"),
+    pytest.param({"actor.loss.policy": "dppo_tv"}, "actor/pg_clipfrac", marks=extra),
+    pytest.param({"actor.loss.policy": "dppo_kl"}, "actor/pg_clipfrac", marks=extra),
 ]
 
 
@@ -34,30 +39,26 @@ class Recording(RLTrainer):
         return super().update(batch)
 
 
-def test_each_new_loss_runs_two_rl_steps(tiny_config, tmp_path):
-    cfg = tiny_config
+@pytest.mark.parametrize(("overrides", "metric"), RUNS)
+def test_each_new_loss_runs_two_rl_steps(overrides, metric, tiny_config, tmp_path):
     varied = tmp_path / "varied.py"  # a reward that tells a random model's samples apart, so no group is flat
     varied.write_text("def by_length(response):\n    return float(len(response) % 5 == 0)\n")
+    cfg = dataclasses.replace(tiny_config, given_keys=frozenset(overrides))
     cfg.reward.function, cfg.reward.isolation = f"{varied}:by_length", "inline"
     cfg.trainer.steps, cfg.trainer.eval_every, cfg.trainer.val_size = 2, 0, 4
     cfg.trainer.prompts_per_step, cfg.rollout.n, cfg.rollout.max_new_tokens = 2, 4, 4
+    for key, value in overrides.items():
+        *sections, name = key.split(".")
+        node = cfg
+        for section in sections:
+            node = getattr(node, section)
+        setattr(node, name, value)
     client = MlflowClient(cfg.tracking.uri)
-    for overrides, metric in RUNS:
-        run_cfg = dataclasses.replace(copy.deepcopy(cfg), given_keys=frozenset(overrides))
-        for key, value in overrides.items():
-            *sections, name = key.split(".")
-            node = run_cfg
-            for section in sections:
-                node = getattr(node, section)
-            setattr(node, name, value)
-        run_cfg.trainer.out_dir = str(tmp_path / "_".join(str(v) for v in overrides.values()))
-        result = run_rl(run_cfg)
-        run = client.get_run(result["mlflow_run_id"])
-        label = f"{overrides}"
-        assert [p.step for p in client.get_metric_history(run.info.run_id, "actor/pg_loss")] == [1, 2], label
-        assert math.isfinite(run.data.metrics["actor/pg_loss"]) and metric in run.data.metrics, label
-        norms = [p.value for p in client.get_metric_history(run.info.run_id, "actor/grad_norm")]
-        assert max(norms) > 0, label  # some step had a gradient: the loss reached the weights
+    run = client.get_run(run_rl(cfg)["mlflow_run_id"])
+    assert [p.step for p in client.get_metric_history(run.info.run_id, "actor/pg_loss")] == [1, 2]
+    assert math.isfinite(run.data.metrics["actor/pg_loss"]) and metric in run.data.metrics
+    norms = [p.value for p in client.get_metric_history(run.info.run_id, "actor/grad_norm")]
+    assert max(norms) > 0  # some step had a gradient: the loss reached the weights
 
 
 def test_guidance_gives_each_all_wrong_group_one_right_sample_and_the_pass_rates_only_the_policy_s(tiny_config,
