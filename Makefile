@@ -147,12 +147,14 @@ sweep: $(STAMP)
 # unit tests fill: on 2 cores both took 668 s side by side, against 132 s (unit, two processes) + 680 s one after
 # the other. (With two unit processes beside them, an earlier suite slowed three- to fourfold.) The unit output
 # is printed after the Ray tests'. Both always run; either failing fails the target, one that a PYTEST_ARGS filter
-# leaves empty (pytest's exit code 5) does not.
+# leaves empty (pytest's exit code 5) does not. Interrupted, the target stops the unit tests too.
 test: $(STAMP)
-	@log=$$(mktemp); OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest tests/unit -q -n 1 -p no:cacheprovider \
+	@log=$$(mktemp); trap 'pkill -P $$pid 2>/dev/null; kill $$pid 2>/dev/null; rm -f $$log' EXIT; \
+	trap 'exit 130' INT TERM; \
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest tests/unit -q -n 1 -p no:cacheprovider \
 		-m "not learning and not extra" $(PYTEST_ARGS) >$$log 2>&1 & pid=$$!; \
 	$(PY) -m pytest tests/integration tests/cluster -q -m "not learning and not extra" $(PYTEST_ARGS); ray=$$?; \
-	wait $$pid; unit=$$?; echo "== the unit tests (run beside the Ray tests) =="; cat $$log; rm -f $$log; \
+	wait $$pid; unit=$$?; echo "== the unit tests (run beside the Ray tests) =="; cat $$log; \
 	for rc in $$unit $$ray; do [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit 1; done
 
 test-unit: $(STAMP)

@@ -78,6 +78,10 @@ class Config:
             bad = {k: v for k, v in mapping.items() if not (math.isfinite(v) and v >= 0)}
             if bad:
                 raise ConfigError(f"{key} values must be finite and >= 0, got {bad}")
+        if self.trainer.stop_val_acc and not self.trainer.eval_every:
+            raise ConfigError(f"trainer.stop_val_acc={self.trainer.stop_val_acc} stops a run at an evaluation before "
+                              "its last step, but trainer.eval_every=0 evaluates only at the last: set "
+                              "trainer.eval_every")
         bad_weights = {k: v for k, v in self.reward.weights.items() if not math.isfinite(v)}
         if bad_weights:
             raise ConfigError(f"reward.weights values must be finite numbers, got {bad_weights}")

@@ -107,7 +107,9 @@ class WorkerHost:
         if dist.is_initialized():
             dist.destroy_process_group()  # the default group and every group made from it
         forget_process_group_caches()
-        gc.collect()
+        for _ in range(3):  # again while a pass frees something: finalizers may release more cycles
+            if not gc.collect():
+                break
         # What outlives a worker (modules, their caches) is kept out of later collections: the next reset's full
         # collection, and a worker's own, scan only what was made since (one such scan took 0.2 s of CPU).
         gc.freeze()

@@ -46,7 +46,15 @@ class DriverState:
     skipped_in_a_row: int = 0
     kl_coef: float | None = None  # the adaptive KL controller's coefficient (KL in the reward)
     pass_rates: dict[str, Any] | None = None  # the per-prompt record the sampling rules read
-    stopped: bool = False  # the run stopped early (trainer.stop_val_acc): a resume exports without training
+    stopped_at: float | None = None  # the val/acc at which the run stopped early (trainer.stop_val_acc)
+
+
+def resume_note(folder: Path, step: int, steps: int, stopped: bool) -> str:
+    """The line a resume prints: where it starts and what is left to train."""
+    left = ("stopped early" if stopped else f"{steps - step} steps to go") if step < steps else (
+        f"nothing left to train (trainer.steps={steps}); use trainer.resume=never or another out_dir "
+        "for a fresh run")
+    return f"resumed from {folder} at step {step}: {left}"
 
 
 def is_complete(folder: Path) -> bool:

@@ -75,11 +75,14 @@ class RewardStage:
         self.manager = RewardManager([*self.weights, cfg.verifier, *cfg.verifiers.values()], timeout_s=cfg.timeout_s,
                                      num_workers=cfg.num_workers, max_memory_mb=cfg.max_memory_mb,
                                      max_abs_score=cfg.max_abs_score, isolation=cfg.isolation)
-        self.manager.launch()  # the workers load while the run builds its worker groups
         self.model_weight, self.judge_weight = cfg.model.weight, cfg.judge.weight
         self.model, self.judge = model, judge
         self.max_failed_steps, self.failed_steps = cfg.max_failed_steps, 0
         self.max_response_tokens, self.patch_size = max_response_tokens, patch_size
+
+    def launch(self) -> None:
+        """Start the reward worker processes without waiting for them (they load while the caller goes on)."""
+        self.manager.launch()
 
     def connect(self, model: WorkerGroup | None = None, judge: WorkerGroup | None = None) -> None:
         """Score with these reward-model and judge groups from now on (None: that part is not configured)."""

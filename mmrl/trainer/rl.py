@@ -32,7 +32,7 @@ from mmrl.models.loading import check_checkpoint, grid_pixels, load_processor
 from mmrl.protocol import Batch
 from mmrl.rollout.sampling import SamplingParams
 from mmrl.run_config import prepare_run_config
-from mmrl.trainer.checkpoint import CheckpointManager, DriverState, check_resumable, load_driver_state
+from mmrl.trainer.checkpoint import CheckpointManager, DriverState, check_resumable, load_driver_state, resume_note
 from mmrl.trainer.collection import Collection, score_stages
 from mmrl.trainer.dataset import PromptLoader, load_rows
 from mmrl.trainer.episodes import episode_kind
@@ -111,7 +111,8 @@ class RLTrainer:
         self.pass_rates = PassRates()
         self.rules = SamplingRules(self.pass_rates, trainer.skip_solved_after, trainer.unsolved_revisit_rate)
         self.loader = PromptLoader(self.train_rows, trainer.prompts_per_step, self.cfg.seed, self.rules)
-        self.step_no, self.skipped_in_a_row, self.stopped = 0, 0, False
+        self.step_no, self.skipped_in_a_row = 0, 0
+        self.stopped_at: float | None = None  # the val/acc at which the run stopped early (trainer.stop_val_acc)
         self.kl_ctrl = build_kl_controller(self.cfg.algorithm)
         self.last_checkpoint: Path | None = None
         self.source.reset()
@@ -120,6 +121,7 @@ class RLTrainer:
 
     def build_workers(self) -> None:
         """The worker groups (:class:`~mmrl.trainer.groups.TrainerGroups`), then the rollout source's own."""
+        self.reward.launch()  # its worker processes load while the groups build
         groups = TrainerGroups.build(self.cfg, self.checkpoint, self.with_reference, self.algorithm.needs_critic,
                                      self.source, actor=self.actor_worker, critic=self.critic_worker)
         self.workers, self.groups, self.critic = groups.actor, groups.others, groups.others.get("critic")
@@ -148,7 +150,7 @@ class RLTrainer:
         if resume is not None:
             self.restore(resume)
         last_eval: dict[str, float] = {}
-        while self.step_no < self.cfg.trainer.steps and not self.stopped:
+        while self.step_no < self.cfg.trainer.steps and self.stopped_at is None:
             try:
                 last_eval = self.train_step(tracker) or last_eval
             except WorkerFailure as failure:
@@ -170,14 +172,15 @@ class RLTrainer:
         evaluated = None
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
             evaluated = self.validate(tracker, step)
-            self.stopped = stops_early(cfg, step, evaluated["val/acc"])
-            metrics |= evaluated | ({"trainer/stopped_early": float(self.stopped)} if cfg.stop_val_acc else {})
+            stop = stops_early(cfg, step, evaluated["val/acc"])
+            self.stopped_at = evaluated["val/acc"] if stop else None
+            metrics |= evaluated | ({"trainer/stopped_early": float(stop)} if cfg.stop_val_acc else {})
         tracker.log_metrics(metrics, step)
         if evaluated is not None:
             self.log_curves(tracker)  # refreshed at every evaluation, so a live run shows its curves
         print(console_line(step, cfg.steps, metrics, CONSOLE), flush=True)
         self.step_no = step
-        if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or self.stopped:
+        if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps or self.stopped_at is not None:
             self.save(tracker)
         return evaluated
 
@@ -312,7 +315,7 @@ class RLTrainer:
         stopped early."""
         return DriverState(self.step_no, tracker.run_id, self.source.loader_state(self.loader.state_dict()),
                            self.skipped_in_a_row, self.kl_ctrl.value, self.pass_rates.state_dict(),
-                           self.stopped)
+                           self.stopped_at)
 
     def restore(self, folder: Path) -> None:
         """Load a checkpoint into the (freshly built) groups and the driver."""
@@ -325,18 +328,16 @@ class RLTrainer:
         if self.critic is not None:
             self.critic.load_state(str(folder / "critic"))
         self.loader.load_state_dict(state.loader)
-        self.step_no, self.skipped_in_a_row, self.stopped = state.step, state.skipped_in_a_row, state.stopped
+        self.step_no, self.skipped_in_a_row = state.step, state.skipped_in_a_row
+        stays = state.stopped_at is not None and stops_early(self.cfg.trainer, state.step, state.stopped_at)
+        self.stopped_at = state.stopped_at if stays else None  # stopped early: so while the config stops it there
         if state.kl_coef is not None:
             self.kl_ctrl.value = state.kl_coef
         if state.pass_rates is not None:
             self.pass_rates.load_state_dict(state.pass_rates)
         self.last_checkpoint = folder
         self.source.restored()
-        steps = self.cfg.trainer.steps
-        left = f"{steps - state.step} steps to go" if state.step < steps else (
-            f"nothing left to train (trainer.steps={steps}); use trainer.resume=never or another out_dir "
-            "for a fresh run")
-        print(f"resumed from {folder} at step {state.step}: {left}", flush=True)
+        print(resume_note(folder, state.step, self.cfg.trainer.steps, stays), flush=True)
 
     def recover(self, failure: WorkerFailure, tracker: Tracker) -> None:
         """Rebuild the worker groups and continue from the newest checkpoint (or from step 0)."""

@@ -118,7 +118,8 @@ def test_ppo_with_a_critic_on_two_fsdp_workers_resumes_bit_for_bit(tiny_config, 
 
 def test_a_run_that_reaches_stop_val_acc_stops_checkpointed_and_a_resume_trains_no_further(tiny_config, tmp_path):
     """trainer.stop_val_acc: with a verifier that calls every answer right, the first evaluation (step 2 of 4) stops
-    the run; it is checkpointed and exported there, and a resume (trainer.resume=auto) leaves it as it is."""
+    the run; it is checkpointed and exported there, and a resume (trainer.resume=auto) leaves it as it is, unless
+    its config would no longer stop it there (the threshold off: it trains on)."""
     out = tmp_path / "run"
     cfg = configure(tiny_config, out, 4, save_every=0, trainer__eval_every=2, trainer__stop_val_acc=0.75)
     verifier = tmp_path / "always_right.py"
@@ -126,7 +127,7 @@ def test_a_run_that_reaches_stop_val_acc_stops_checkpointed_and_a_resume_trains_
     cfg.reward.verifier = f"{verifier}:correct"
     first = run_rl(cfg)
     assert first["steps"] == 2 and first["val/acc"] == 1.0
-    assert (out / "latest").read_text() == "step_2" and load_driver_state(out / "step_2").stopped
+    assert (out / "latest").read_text() == "step_2" and load_driver_state(out / "step_2").stopped_at == 1.0
     exported = weights(out / "checkpoint")
     client = MlflowClient(tiny_config.tracking.uri)
     assert [(m.step, m.value) for m in client.get_metric_history(first["mlflow_run_id"], "trainer/stopped_early")] \
@@ -137,6 +138,11 @@ def test_a_run_that_reaches_stop_val_acc_stops_checkpointed_and_a_resume_trains_
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("step_")) == ["step_2"]
     assert_identical(exported, weights(out / "checkpoint"))
     assert sorted(m.step for m in client.get_metric_history(first["mlflow_run_id"], "actor/pg_loss")) == [1, 2]
+
+    cfg.trainer.stop_val_acc = 0.0
+    third = run_rl(cfg)
+    assert third["steps"] == 4 and (out / "latest").read_text() == "step_4"
+    assert sorted(m.step for m in client.get_metric_history(first["mlflow_run_id"], "actor/pg_loss")) == [1, 2, 3, 4]
 
 
 def test_a_checkpoint_loads_into_another_world_size_and_layout(tiny_config, tmp_path):

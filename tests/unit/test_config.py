@@ -55,6 +55,8 @@ def test_cross_field_checks():
         load_run_config(None, ["rollout.engine=sglang"])
     with pytest.raises(ConfigError, match="critic.num_mini_batches=64 mini-batches"):
         load_run_config(None, ["critic.num_mini_batches=64", "trainer.prompts_per_step=2", "rollout.n=8"])
+    with pytest.raises(ConfigError, match="trainer.eval_every=0 evaluates only at the last: set trainer.eval_every"):
+        load_run_config(None, ["trainer.stop_val_acc=0.9", "trainer.eval_every=0"])
 
 
 def test_base_chain_and_missing_file(tmp_path):
