@@ -36,6 +36,13 @@ OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_para
 LOAD_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=True, strict=False)
 
 
+def single_rank() -> bool:
+    """Whether this process saves and loads alone. DCP then skips its collectives: on a CPU gloo group they
+    leave two native threads behind, and with more OpenMP threads than cores every later step ran about 1.6x
+    slower (the colour demo's steps: 0.65 s before its first checkpoint, 1.1-1.3 s after)."""
+    return not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1
+
+
 def rng_state() -> dict[str, Any]:
     """This process's generator states."""
     return {
@@ -57,7 +64,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save_train_state(folder: Path, updater: DataParallelUpdater, rank: int) -> None:
     """Write the updater's model and optimizer (all ranks), its scheduler (rank 0) and this rank's RNG."""
     model_sd, optim_sd = get_state_dict(updater.layout.root, updater.optimizer, options=OPTIONS)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder / "model_optim")
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder / "model_optim", no_dist=single_rank())
     if rank == 0:
         torch.save(updater.scheduler.state_dict(), folder / "scheduler.pt")
     torch.save(rng_state(), folder / f"rng_rank{rank}.pt")
@@ -67,7 +74,7 @@ def load_train_state(folder: Path, updater: DataParallelUpdater, rank: int) -> N
     """Load what :func:`save_train_state` wrote into this (possibly differently laid-out) updater."""
     model_sd, optim_sd = get_state_dict(updater.layout.root, updater.optimizer, options=OPTIONS)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=folder / "model_optim")
+    dcp.load(state, checkpoint_id=folder / "model_optim", no_dist=single_rank())
     result = set_state_dict(updater.layout.root, updater.optimizer, model_state_dict=state["model"],
                             optim_state_dict=state["optim"], options=LOAD_OPTIONS)
     trainable = {name for name, p in updater.layout.root.named_parameters() if p.requires_grad}
