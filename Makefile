@@ -146,7 +146,8 @@ sweep: $(STAMP)
 # The Ray tests run in one Ray session; beside them, the unit tests in one process of one thread. The Ray suite
 # leaves about a third of the two cores idle (process starts, deadlines waited out, one-thread phases), which the
 # unit tests fill: on 2 cores both took 668 s side by side, against 132 s (unit, two processes) + 680 s one after
-# the other. (With two unit processes beside them, an earlier suite slowed three- to fourfold.) The unit output
+# the other, in one working tree; from fresh clones the gain did not show clearly (836-887 s with the install,
+# against 847 s before). (With two unit processes beside them, an earlier suite slowed three- to fourfold.) The unit output
 # is printed after the Ray tests'. Both always run; either failing fails the target, one that a PYTEST_ARGS filter
 # leaves empty (pytest's exit code 5) does not. Interrupted, the target stops the unit tests too.
 test: $(STAMP)
