@@ -80,6 +80,18 @@ class ProbedActor(ActorRolloutRefWorker):
         return out
 
     @register(Dispatch.ONE_TO_ALL)
+    def overwrite_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Set the named full tensors (Hugging Face names) of an unsharded actor in place and count it as a new
+        weight version, so that the rollout engine is loaded with them before its next rollout."""
+        params = dict(zip((name for name, _ in self.hf_weights()), self.actor.root.parameters()))
+        with torch.no_grad():
+            for name, tensor in state.items():
+                if type(params[name].data) is not torch.Tensor:
+                    raise NotImplementedError(f"{name} is sharded: overwrite_weights takes an unsharded actor")
+                params[name].copy_(tensor)
+        self.version += 1
+
+    @register(Dispatch.ONE_TO_ALL)
     def layout_report(self) -> dict[str, object]:
         """What this rank holds: parameter kinds, optimizer-state owners and gradients."""
         tower = self.vision_tower()

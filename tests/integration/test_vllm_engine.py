@@ -2,6 +2,7 @@
 trainer's own forward."""
 
 import copy
+import math
 import os
 import platform
 
@@ -52,7 +53,7 @@ def engine_group(cfg, model_dir, engine: str, workers: int = 1, llm: str = "repl
     cfg.model.path, cfg.trainer.init = str(model_dir), str(model_dir)
     cfg.rollout.engine, cfg.resources.num_workers = engine, workers
     cfg.actor.llm.strategy = llm
-    group = WorkerGroup(ProbedActor, ResourcePool(workers, cpus_per_worker=0.5 / workers),
+    group = WorkerGroup(ProbedActor, ResourcePool(workers, cpus_per_worker=0.5 / workers, reuse=True),
                         threads=max(1, 2 // workers), device="cpu")
     group.init_model(cfg, str(model_dir), False)
     return cfg, group
@@ -202,26 +203,35 @@ def test_sft_then_grpo_and_eval_run_end_to_end_on_vllm(tiny_config, vllm_model_d
 
 
 @pytest.mark.parametrize("engine", ["vllm", "hf"])
-def test_no_engine_emits_a_vision_token_even_when_the_model_wants_to(engine, tiny_config, vllm_model_dir,
-                                                                    tiny_data_dir, tmp_path):
+def test_no_engine_emits_a_vision_token_even_when_the_model_wants_to(engine, vllm_group, tiny_config, vllm_model_dir,
+                                                                    tiny_data_dir):
     """A head whose top logit is always a vision token (<|image_pad|> = +v, <|video_pad|> = -v, every other
-    row 0): unbanned, greedy decoding would emit one at the first step."""
-    model, processor = load_model(vllm_model_dir), load_processor(vllm_model_dir)
+    row 0), loaded into a running engine as a weight update: unbanned, greedy decoding would emit one at the
+    first step. (vLLM: the module's engine, given its own weights back after.)"""
+    processor = load_processor(vllm_model_dir)
     tok = processor.tokenizer
     image_pad, video_pad = (tok.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|video_pad|>"))
-    with torch.no_grad():
-        direction = torch.randn(model.lm_head.weight.shape[1]) * 10
-        model.lm_head.weight.zero_()
-        model.lm_head.weight[image_pad], model.lm_head.weight[video_pad] = direction, -direction
-    model.save_pretrained(tmp_path / "greedy-for-pads")
-    processor.save_pretrained(tmp_path / "greedy-for-pads")
-    cfg, group = engine_group(tiny_config, tmp_path / "greedy-for-pads", engine)
+    group = vllm_group[1] if engine == "vllm" else engine_group(tiny_config, vllm_model_dir, engine)[1]
+    (original,) = group.full_state_dict()[:1]
+    head = torch.zeros_like(original["lm_head.weight"])
+    direction = torch.randn(head.shape[1]) * 10
+    head[image_pad], head[video_pad] = direction, -direction
     try:
+        group.overwrite_weights({"lm_head.weight": head})
         samples = group.generate(mixed_prompts(tiny_data_dir), SamplingParams(n=2, max_new_tokens=6))
     finally:
-        group.shutdown()
+        if engine == "vllm":
+            group.overwrite_weights({"lm_head.weight": original["lm_head.weight"]})
+        else:
+            group.shutdown()
     emitted = {t for row in tokens_of(samples) for t in row}
-    assert emitted and not emitted & set(vision_token_ids(processor))
+    banned = set(vision_token_ids(processor))
+    assert emitted and not emitted & banned
+    # The engine drew from the new head with the vision tokens banned: every other logit is 0, so each drawn token
+    # had the same probability, 1 / (vocabulary - banned). (With the checkpoint's own head they differ.)
+    mask = samples["response_mask"] > 0
+    uniform = -math.log(head.shape[0] - len(banned))
+    assert torch.allclose(samples["rollout_log_probs"][mask], torch.full((int(mask.sum()),), uniform), atol=1e-4)
 
 
 @pytest.mark.extra  # the same engine code as the policy's (greedy == hf above); `make test-extra`
