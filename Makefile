@@ -143,17 +143,17 @@ sweep: $(STAMP)
 	$(STAGE).sweep --sweep $(SWEEP) $(if $(filter command line environment,$(origin CONFIG)),--config $(CONFIG),) $(ARGS)
 
 # Learning runs (minutes each) are benchmarks: `make bench-learning`; `make test-extra` the extra checks.
-# The Ray tests run in one Ray session; beside them, the unit tests in one process of one thread. The Ray suite
-# leaves about a third of the two cores idle (process starts, deadlines waited out, one-thread phases), which the
-# unit tests fill: on 2 cores both took 668 s side by side, against 132 s (unit, two processes) + 680 s one after
-# the other, in one working tree; from fresh clones the gain did not show clearly (836-887 s with the install,
-# against 847 s before). (With two unit processes beside them, an earlier suite slowed three- to fourfold.) The unit output
-# is printed after the Ray tests'. Both always run; either failing fails the target, one that a PYTEST_ARGS filter
-# leaves empty (pytest's exit code 5) does not. Interrupted, the target stops the unit tests too.
+# The Ray tests run in one Ray session; beside them, the unit tests in one process of one thread at the lowest
+# priority (nice 19), so that they take the cores the Ray suite leaves idle (process starts, deadlines waited out,
+# one-thread phases: about a third of them) and yield them when a Ray test wants them. From one fresh clone each:
+# at normal priority beside them 887 s with the install (the Ray suite 788 s), niced 807 s (Ray 705 s), one after
+# the other about 900 s (Ray 590 s, unit 227 s, install 83 s). The unit output is printed after the Ray tests'.
+# Both always run; either failing fails the target, one that a PYTEST_ARGS filter leaves empty (pytest's exit
+# code 5) does not. Interrupted, the target stops the unit tests too.
 test: $(STAMP)
 	@log=$$(mktemp); trap 'pkill -P $$pid 2>/dev/null; kill $$pid 2>/dev/null; rm -f $$log' EXIT; \
 	trap 'exit 130' INT TERM; \
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(PY) -m pytest tests/unit -q -n 1 -p no:cacheprovider \
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 19 $(PY) -m pytest tests/unit -q -n 1 -p no:cacheprovider \
 		-m "not learning and not extra" $(PYTEST_ARGS) >$$log 2>&1 & pid=$$!; \
 	$(PY) -m pytest tests/integration tests/cluster -q -m "not learning and not extra" $(PYTEST_ARGS); ray=$$?; \
 	wait $$pid; unit=$$?; echo "== the unit tests (run beside the Ray tests) =="; cat $$log; \

@@ -214,6 +214,9 @@ def ended(pid: int, within_s: float) -> bool:
     return False
 
 
+# A hung rollout rank replaced (the evaluation test below) and a step's deadline (tests/integration/test_recovery.py)
+# stay in `make test`; this run of both in async mode, with its 10 s deadline, is in `make test-extra`.
+@pytest.mark.extra
 def test_a_rollout_rank_frozen_mid_run_is_caught_by_its_deadline_and_replaced(tiny_config, tmp_path):
     """GRPO in async mode, max_staleness=1, trainer.step_timeout_s=10 s: the rollout rank freezes its process (SIGSTOP)
     at its second batch, with the third queued behind it. The trainer's wait for that batch passes its deadline ten

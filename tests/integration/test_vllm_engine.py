@@ -163,12 +163,12 @@ def test_a_too_long_prompt_fails_before_generation_naming_it(vllm_group, vllm_mo
     assert len(greedy(group, prompts, tokens=2)) == 3
 
 
-def test_grpo_and_eval_run_end_to_end_on_vllm_with_weights_gathered_from_fsdp_shards(tiny_config, vllm_model_dir):
+def test_grpo_runs_end_to_end_on_vllm_with_weights_gathered_from_fsdp_shards(tiny_config, vllm_model_dir):
     """rollout.engine=vllm through RL (2 ranks, the actor's LLM sharded: every step's weights are gathered from
-    the shards into each rank's engine) and the eval stage; the rollout's log-probs are the trainer's."""
+    the shards into each rank's engine), its validation included; the rollout's log-probs are the trainer's. (The
+    eval stage on vLLM, an engine in the driver's process: the SFT-then-GRPO test below, in `make test-extra`.)"""
     from mlflow.tracking import MlflowClient
 
-    from mmrl.trainer.eval_checkpoint import run_eval
     from mmrl.trainer.run import run_rl
 
     cfg = tiny_config
@@ -178,11 +178,11 @@ def test_grpo_and_eval_run_end_to_end_on_vllm_with_weights_gathered_from_fsdp_sh
     result = run_rl(cfg)
     history = MlflowClient(cfg.tracking.uri).get_metric_history(result["mlflow_run_id"], "rollout/logprob_diff_max")
     assert len(history) == 2 and all(point.value < 1e-4 for point in history)
-    evaluated = run_eval(cfg, str(os.path.join(cfg.trainer.out_dir, "checkpoint")))
-    assert evaluated["counts"]["all"] == 16
+    validated = MlflowClient(cfg.tracking.uri).get_run(result["mlflow_run_id"]).data.metrics
+    assert {"val/synthetic/colour/acc", "val/synthetic/count/acc"} <= validated.keys()  # both sources, through vLLM
 
 
-@pytest.mark.extra  # SFT's evaluation on vLLM (an engine in the driver's process): `make test-extra`
+@pytest.mark.extra  # SFT's evaluation and the eval stage on vLLM (an engine in the driver's process): `make test-extra`
 def test_sft_then_grpo_and_eval_run_end_to_end_on_vllm(tiny_config, vllm_model_dir):
     """Every stage that generates goes through rollout.engine=vllm: SFT's val, RL's rollouts and val, eval."""
     from mlflow.tracking import MlflowClient
