@@ -147,7 +147,8 @@ sweep: $(STAMP)
 # priority (nice 19), so that they take the cores the Ray suite leaves idle (process starts, deadlines waited out,
 # one-thread phases: about a third of them) and yield them when a Ray test wants them. From one fresh clone each:
 # at normal priority beside them 887 s with the install (the Ray suite 788 s), niced 807 s (Ray 705 s), one after
-# the other about 900 s (Ray 590 s, unit 227 s, install 83 s). The unit output is printed after the Ray tests'.
+# the other about 900 s (Ray 590 s, unit 227 s, install 83 s); niced, with the test set of 52119e4, 710 s (Ray
+# 598 s, unit 387 s beside them). The unit output is printed after the Ray tests'.
 # Both always run; either failing fails the target, one that a PYTEST_ARGS filter leaves empty (pytest's exit
 # code 5) does not. Interrupted, the target stops the unit tests too.
 test: $(STAMP)
