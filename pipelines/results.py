@@ -70,8 +70,9 @@ def select(matrix: dict[str, dict[str, Any]], only: str | None, seeds: str | Non
 
 # ---- one run --------------------------------------------------------------------------------------------
 
-def machine() -> dict[str, Any]:
-    """The machine a run ran on: CPU model, cores, torch threads, the library versions that set its numbers."""
+def machine(matmul_gflops: float | None = None) -> dict[str, Any]:
+    """The machine a run ran on: CPU model, cores, torch threads, the library versions that set its numbers, and
+    ``matmul_gflops`` (:func:`matmul_speed`, measured as the run started) when given."""
     import torch
     import transformers
 
@@ -83,7 +84,20 @@ def machine() -> dict[str, Any]:
         cpu = names[0] if names else cpu
     return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version(), "platform": platform.platform()}
+            "python": platform.python_version(), "platform": platform.platform(),
+            **({} if matmul_gflops is None else {"matmul_gflops": matmul_gflops})}
+
+
+def matmul_speed() -> float:
+    """GFLOP/s of a float32 2048-square matmul on the CPU with the process's threads (the best of about a second).
+
+    Machines of one CPU model and core count differ in speed from day to day (a shared host), so a run's times are
+    read against this: a slow run on a slow machine says nothing about the code."""
+    import torch
+
+    from mmrl.perf.peak import matmul_rate
+
+    return round(matmul_rate(2048, 2048, 2048, torch.device("cpu"), torch.float32, seconds=1.0) / 1e9, 1)
 
 
 def commit() -> str:
@@ -146,6 +160,7 @@ def run_one(name: str, entry: dict[str, Any], seed: int) -> dict[str, Any]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     SUMMARY.unlink(missing_ok=True)
     print(f"results: {name} seed {seed}: {' '.join(command[1:])} (log: {log_path.relative_to(ROOT)})", flush=True)
+    speed = matmul_speed()
     start, code = time.time(), commit()  # the code the run starts from
     with log_path.open("w") as log:
         proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -158,7 +173,8 @@ def run_one(name: str, entry: dict[str, Any], seed: int) -> dict[str, Any]:
         "entry": name, "title": entry.get("title", name), "group": entry.get("group", ""), "seed": seed,
         "commit": code, "config": entry["config"], "args": entry["args"],
         "config_sha256": config_hash(entry["config"], overrides), "command": " ".join(["python", *command[1:]]),
-        "returncode": returncode, "wall_minutes": round((time.time() - start) / 60, 2), "machine": machine(),
+        "returncode": returncode, "wall_minutes": round((time.time() - start) / 60, 2),
+        "machine": machine(speed),
     }
     if SUMMARY.exists():
         summary = json.loads(SUMMARY.read_text())
@@ -244,6 +260,11 @@ def _bar_text(bar: dict[str, Any] | None) -> str:
     return bar["text"] if bar else "-"
 
 
+def _machine_text(machine: dict[str, Any]) -> str:
+    speed = f", {machine['matmul_gflops']:g} GFLOP/s" if "matmul_gflops" in machine else ""
+    return f"{machine['cores']} cores, {machine['cpu']}{speed}"
+
+
 def entry_table(records: list[dict[str, Any]]) -> list[str]:
     """One entry's runs: a row per seed, then how many met the bar."""
     lines = ["| seed | SFT acc | RL acc | gain | RL min | wall min | bar met | commit | machine |",
@@ -255,7 +276,7 @@ def entry_table(records: list[dict[str, Any]]) -> list[str]:
         lines.append(f"| {r['seed']} | {_acc(r.get('sft_acc'))} | {_acc(r.get('rl_acc'))} | "
                      f"{'-' if 'gain' not in r else format(r['gain'], '+.3f')} | {r.get('rl_minutes', '-')} | "
                      f"{r['wall_minutes']} | {met} | `{r['commit'][:7]}{'+dirty' if r['commit'].endswith('+dirty') else ''}` | "
-                     f"{r['machine']['cores']} cores, {r['machine']['cpu']} |")
+                     f"{_machine_text(r['machine'])} |")
     passed = sum(1 for r in records if r.get("bar", {}).get("passed"))
     lines += ["", f"Bar ({_bar_text(records[0].get('bar'))}): met on {passed} of {len(records)} seeds."]
     return lines
@@ -360,7 +381,8 @@ def render(records: list[dict[str, Any]], matrix: dict[str, dict[str, Any]],
              "hash, command, seed, accuracies, times, MLflow run id, curves, machine). Do not edit: rerun "
              "`make results ONLY=<entry> SEEDS=<seeds>`, or `python -m pipelines.results --render`. Accuracies are "
              "greedy, on each demo's test split; times are the demo's own (2 CPU cores unless the machine column "
-             "says otherwise).", ""]
+             "says otherwise; where it gives GFLOP/s, that is a float32 matmul's speed measured as the run started: "
+             "hosts of one CPU model differ from day to day, and a run's minutes move with it).", ""]
     groups: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for name in order:
         group = by_entry[name][0].get("group", "")

@@ -44,6 +44,13 @@ def test_an_entry_table_shows_each_seed_and_counts_the_bar():
     assert "Bar (rl_acc>=0.95): met on 1 of 2 seeds." in page
 
 
+def test_the_machine_column_gives_the_matmul_speed_a_run_started_on():
+    fast = record("demo", 0, 0.3, 1.0, True)
+    fast["machine"] = results.machine(matmul_gflops=95.5)
+    page = results.render([fast], {"demo": {"config": "configs/demo.yaml"}})
+    assert f"| `0123456` | {fast['machine']['cores']} cores, {fast['machine']['cpu']}, 95.5 GFLOP/s |" in page
+
+
 def test_a_group_shows_its_variants_side_by_side():
     runs = [record("plain", 0, 0.3, 0.65, False, "levers"), record("plain", 4, 0.3, 0.97, True, "levers"),
             record("guided", 0, 0.3, 1.0, True, "levers", ["trainer.guide_unsolved=true"])]
